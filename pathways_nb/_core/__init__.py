@@ -1,0 +1,51 @@
+"""Shared by every role: ids, mesh and sharding specs, config, errors, versions.
+
+This package imports nothing else from ``pathways_nb``.
+"""
+
+from pathways_nb._core._config import Config, default_config
+from pathways_nb._core._errors import (
+    BrokenError,
+    BusyError,
+    CancelledError,
+    ClosedError,
+    DataLossError,
+    PathwaysError,
+    ProtocolError,
+    RemoteError,
+    ResourceExhaustedError,
+    VersionMismatchError,
+)
+from pathways_nb._core._ids import HandleAllocator, handle_owner
+from pathways_nb._core._specs import (
+    decode_mesh,
+    decode_spec,
+    encode_mesh,
+    encode_spec,
+    validate_mesh_shape,
+)
+from pathways_nb._core._versions import Versions, local_versions
+
+__all__ = [
+    "BrokenError",
+    "BusyError",
+    "CancelledError",
+    "ClosedError",
+    "Config",
+    "DataLossError",
+    "HandleAllocator",
+    "PathwaysError",
+    "ProtocolError",
+    "RemoteError",
+    "ResourceExhaustedError",
+    "VersionMismatchError",
+    "Versions",
+    "decode_mesh",
+    "decode_spec",
+    "default_config",
+    "encode_mesh",
+    "encode_spec",
+    "handle_owner",
+    "local_versions",
+    "validate_mesh_shape",
+]

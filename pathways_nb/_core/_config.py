@@ -1,0 +1,70 @@
+"""Tunables, read once from the environment, overridable per object."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer; got {raw!r}") from None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be a number; got {raw!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Runtime limits. Every field can be set by the ``PATHWAYS_<FIELD>`` variable."""
+
+    # Launches the gang scheduler lets run at once per XLA process. XLA's CPU rendezvous
+    # deadlocks with ~128 queued collective programs; 8-32 in flight is safe and fastest.
+    inflight_window: int = 16
+    # Launches one client may have queued before submission blocks (back-pressure).
+    max_queued_per_client: int = 10_000
+    # Events the controller keeps (a ring buffer, so memory is bounded).
+    event_log_size: int = 200_000
+    # Largest control message accepted by the controller, in bytes.
+    max_control_message: int = 256 * 2**20
+    # Largest data message accepted by a host, in bytes.
+    max_data_message: int = 16 * 2**30
+    # Object store limit per host in bytes (0: no limit beyond the devices' own memory).
+    store_limit_bytes: int = 0
+    # Seconds a client may stay silent before its lease lapses and its slices are freed.
+    lease_seconds: float = 30.0
+    # Seconds a host waits for an array the client put but that has not arrived yet.
+    put_wait_seconds: float = 60.0
+
+    @staticmethod
+    def from_env() -> Config:
+        d = Config()
+        return Config(
+            inflight_window=_env_int("PATHWAYS_INFLIGHT_WINDOW", d.inflight_window),
+            max_queued_per_client=_env_int(
+                "PATHWAYS_MAX_QUEUED_PER_CLIENT", d.max_queued_per_client
+            ),
+            event_log_size=_env_int("PATHWAYS_EVENT_LOG_SIZE", d.event_log_size),
+            max_control_message=_env_int("PATHWAYS_MAX_CONTROL_MESSAGE", d.max_control_message),
+            max_data_message=_env_int("PATHWAYS_MAX_DATA_MESSAGE", d.max_data_message),
+            store_limit_bytes=_env_int("PATHWAYS_STORE_LIMIT_BYTES", d.store_limit_bytes),
+            lease_seconds=_env_float("PATHWAYS_LEASE_SECONDS", d.lease_seconds),
+            put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
+        )
+
+
+def default_config() -> Config:
+    """The configuration of this process, from its environment."""
+    return Config.from_env()

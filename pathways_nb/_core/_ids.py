@@ -1,0 +1,37 @@
+"""Client-generated handles.
+
+As in XLA's IFRT proxy, the client names every remote array and launch itself, so
+submitting never waits for a reply. A handle is one 64-bit integer: the tenant id
+the controller assigned at connect in the high bits, a per-client counter below.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+TENANT_SHIFT = 40
+_COUNTER_MASK = (1 << TENANT_SHIFT) - 1
+
+
+def handle_owner(handle: int) -> int:
+    """The tenant id that created ``handle``."""
+    return handle >> TENANT_SHIFT
+
+
+class HandleAllocator:
+    """Hands out unique ids for one tenant; thread-safe."""
+
+    def __init__(self, tenant: int) -> None:
+        if not 0 < tenant < (1 << 23):
+            raise ValueError(f"tenant id must be in [1, 2**23), got {tenant}")
+        self._base = tenant << TENANT_SHIFT
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            n = next(self._counter)
+        if n > _COUNTER_MASK:
+            raise OverflowError("this client has used every handle id; reconnect")
+        return self._base | n

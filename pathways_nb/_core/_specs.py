@@ -1,0 +1,63 @@
+"""Mesh shapes and PartitionSpecs in a msgpack-able form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jax.sharding import PartitionSpec
+
+EncodedSpec = list[Any]
+
+
+def encode_spec(spec: PartitionSpec) -> EncodedSpec:
+    """``P("data", None, ("a", "b"))`` → ``["data", None, ["a", "b"]]``."""
+    out: EncodedSpec = []
+    for entry in spec:
+        if entry is None or isinstance(entry, str):
+            out.append(entry)
+        elif isinstance(entry, tuple | list):
+            out.append([str(e) for e in entry])
+        else:
+            raise TypeError(
+                f"PartitionSpec entries must be None, an axis name or a tuple of names; "
+                f"got {entry!r} in {spec!r}"
+            )
+    return out
+
+
+def decode_spec(encoded: Sequence[Any]) -> PartitionSpec:
+    """The inverse of :func:`encode_spec`."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*(tuple(e) if isinstance(e, list) else e for e in encoded))
+
+
+def encode_mesh(shape: Mapping[str, int]) -> list[list[Any]]:
+    """An ordered mesh shape ``{"data": 4}`` → ``[["data", 4]]``."""
+    return [[str(k), int(v)] for k, v in shape.items()]
+
+
+def decode_mesh(encoded: Sequence[Sequence[Any]]) -> dict[str, int]:
+    """The inverse of :func:`encode_mesh`."""
+    return {str(k): int(v) for k, v in encoded}
+
+
+def validate_mesh_shape(shape: Any) -> dict[str, int]:
+    """Check a user's mesh shape and return it as an ordered ``dict``."""
+    if not isinstance(shape, Mapping) or not shape:
+        raise ValueError(
+            f"a virtual slice is a named mesh such as {{'data': 4}} or {{'data': 2, 'model': 2}}; "
+            f"got {shape!r}"
+        )
+    out: dict[str, int] = {}
+    for name, size in shape.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"mesh axis names must be identifiers; got {name!r} in {shape!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(
+                f"mesh axis sizes must be positive integers; got {name}={size!r} in {shape!r}"
+            )
+        out[name] = size
+    return out

@@ -1,0 +1,264 @@
+"""The client's IO thread: it alone owns the loop and every socket.
+
+User calls hand frames to it through an Outbox and get :class:`Future` objects back.
+Launches, deletions and put notes submitted while the thread was busy leave as one
+``batch`` message. Shutdown order: say goodbye, stop the loop, join, close sockets.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+from pathways_nb._core import BrokenError, ClosedError, ProtocolError, RemoteError
+from pathways_nb.client._futures import Future
+from pathways_nb.wire import Outbox, connect, decode, encode
+
+log = logging.getLogger("pathways_nb.client")
+
+_CONTROLLER = b"c"
+_BATCHED = b"b"
+_HOST = b"h"
+_MAX_BATCH = 512
+
+
+class IOThread:
+    """Owns the controller DEALER and one DEALER per host data plane."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        controller_address: str,
+        on_push: Callable[[dict[str, Any]], None],
+        heartbeat: float,
+    ) -> None:
+        self._ctx = ctx
+        self._ctl = connect(ctx, zmq.DEALER, controller_address)
+        self._outbox = Outbox(ctx, "client")
+        self._hosts: dict[str, zmq.Socket[Any]] = {}
+        self._host_of_socket: dict[zmq.Socket[Any], str] = {}
+        self._futures: dict[int, tuple[Future[Any], str | None]] = {}
+        self._rids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._on_push = on_push
+        self._heartbeat = heartbeat
+        # (outbox messages sent before it, handle): a delete leaves only after everything
+        # submitted before it, so no launch can find its input already gone.
+        self.deletes: collections.deque[tuple[int, int]] = collections.deque()
+        self._received = 0
+        self._poller = zmq.Poller()
+        self._poller.register(self._ctl, zmq.POLLIN)
+        self._poller.register(self._outbox.socket, zmq.POLLIN)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.broken: str | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="pathways-client-io", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None or self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._outbox.send(b"w", [b""])
+        self._thread.join()
+        self._ctl.close(0)
+        for s in self._hosts.values():
+            s.close(0)
+        self._outbox.close()
+        self._fail_all(ClosedError("the client was closed"))
+
+    # user-thread API ----------------------------------------------------------------
+    def _new_future(self, host: str | None) -> tuple[int, Future[Any]]:
+        fut: Future[Any] = Future()
+        rid = next(self._rids)
+        with self._lock:
+            if self._stopping.is_set():
+                fut.set_exception(ClosedError("the client was closed"))
+            elif self.broken is not None:
+                fut.set_exception(BrokenError(self.broken))
+            else:
+                self._futures[rid] = (fut, host)
+        return rid, fut
+
+    def request(self, header: dict[str, Any], bufs: Sequence[Any] = ()) -> Future[Any]:
+        """Send to the controller; the future resolves with the reply header."""
+        rid, fut = self._new_future(None)
+        header["rid"] = rid
+        self._outbox.send(_CONTROLLER, encode(header, bufs))
+        return fut
+
+    def send(self, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
+        """Send to the controller without waiting for anything."""
+        self._outbox.send(_CONTROLLER, encode(header, bufs))
+
+    def send_batched(self, header: dict[str, Any]) -> None:
+        """Send a small header that may share a ``batch`` message with its neighbours."""
+        self._outbox.send(_BATCHED, [msgpack.packb(header, use_bin_type=True)])
+
+    def host_request(
+        self, address: str, header: dict[str, Any], bufs: Sequence[Any] = ()
+    ) -> Future[Any]:
+        """Send to the host at ``address``; resolves with its reply (``array`` frames too)."""
+        rid, fut = self._new_future(address)
+        header["rid"] = rid
+        self._outbox.send(_HOST + address.encode(), encode(header, bufs))
+        return fut
+
+    def fail_host(self, address: str, error: Exception) -> None:
+        """Fail every request waiting on the host at ``address`` (it was lost)."""
+        with self._lock:
+            dead = [rid for rid, (_, h) in self._futures.items() if h == address]
+            futs = [self._futures.pop(rid)[0] for rid in dead]
+        for f in futs:
+            if not f.done():
+                f.set_exception(error)
+
+    # the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        last_beat = time.monotonic()
+        while not self._stopping.is_set():
+            ready = dict(self._poller.poll(50))
+            if self._outbox.socket in ready:
+                self._drain_outbox()
+            if self._ctl in ready:
+                self._drain(self._ctl, None)
+            for sock, host in list(self._host_of_socket.items()):
+                if sock in ready:
+                    self._drain(sock, host)
+            if self.deletes:
+                self._flush_deletes()
+            now = time.monotonic()
+            if now - last_beat > self._heartbeat:
+                self._safe_send(self._ctl, encode({"t": "heartbeat"}))
+                last_beat = now
+        # Best effort: tell the controller we are gone so it frees our slices at once.
+        self._drain_outbox()
+        self._flush_deletes(everything=True)
+        self._safe_send(self._ctl, encode({"t": "bye"}))
+
+    def _safe_send(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
+        try:
+            sock.send_multipart(frames, copy=False)
+        except zmq.ZMQError as exc:
+            log.warning("client send failed: %s", exc)
+
+    def delete_soon(self, handle: int) -> None:
+        """Queue a deletion; safe from any thread, including from ``__del__``."""
+        self.deletes.append((self._outbox.sent, handle))
+
+    def _flush_deletes(self, everything: bool = False) -> None:
+        handles: list[int] = []
+        while self.deletes and len(handles) < 4096:
+            stamp, handle = self.deletes[0]
+            if stamp > self._received and not everything:
+                break
+            self.deletes.popleft()
+            handles.append(handle)
+        if handles:
+            self._safe_send(self._ctl, encode({"t": "delete", "handles": handles}))
+
+    def _drain_outbox(self) -> None:
+        batch: list[Any] = []
+        for _ in range(10_000):
+            try:
+                frames = self._outbox.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._received += 1
+            target = bytes(frames[0].buffer)
+            if target == _BATCHED:
+                batch.append(frames[1])
+                if len(batch) >= _MAX_BATCH:
+                    self._send_batch(batch)
+                    batch = []
+                continue
+            if batch:
+                self._send_batch(batch)
+                batch = []
+            if target == _CONTROLLER:
+                self._safe_send(self._ctl, frames[1:])
+            elif target.startswith(_HOST):
+                self._safe_send(self._host_socket(target[1:].decode()), frames[1:])
+        if batch:
+            self._send_batch(batch)
+
+    def _send_batch(self, batch: list[Any]) -> None:
+        if len(batch) == 1:
+            self._safe_send(self._ctl, batch)
+        else:
+            self._safe_send(self._ctl, encode({"t": "batch"}, batch))
+
+    def _host_socket(self, address: str) -> zmq.Socket[Any]:
+        sock = self._hosts.get(address)
+        if sock is None:
+            sock = connect(self._ctx, zmq.DEALER, address)
+            self._hosts[address] = sock
+            self._host_of_socket[sock] = address
+            self._poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _drain(self, sock: zmq.Socket[Any], host: str | None) -> None:
+        for _ in range(10_000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(frames)
+            except ProtocolError as exc:
+                log.warning("client dropped a bad message from %s: %s", host or "controller", exc)
+                continue
+            h = msg.header
+            rid = h.get("rid")
+            if isinstance(rid, int) and h["t"] in (
+                "reply",
+                "array",
+                "failed",
+                "error",
+                "welcome",
+                "refuse",
+            ):
+                with self._lock:
+                    entry = self._futures.pop(rid, None)
+                if entry is not None:
+                    fut = entry[0]
+                    if h["t"] == "failed":
+                        fut.set_exception(RemoteError.from_dict(h.get("error") or {}))
+                    elif h["t"] == "error":
+                        fut.set_exception(ProtocolError(h.get("message", "")))
+                    else:
+                        fut.set_result((h, msg.buffers))
+                continue
+            if host is None and h["t"] in ("welcome", "refuse"):
+                self._on_push(h)
+                continue
+            if host is None:
+                try:
+                    self._on_push(h)
+                except Exception:
+                    log.exception("client failed handling %r from the controller", h.get("t"))
+            elif h["t"] in ("welcome", "refuse"):
+                self._on_push(dict(h, host=host))
+            else:
+                log.warning("host %s says: %s", host, h.get("message", h))
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            futs = [f for f, _ in self._futures.values()]
+            self._futures.clear()
+        for f in futs:
+            if not f.done():
+                f.set_exception(error)

@@ -1,0 +1,341 @@
+"""``pw.jit``: trace and export a function for a slice's mesh; launch it asynchronously."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax import export
+from jax.sharding import NamedSharding, PartitionSpec
+
+from pathways_nb._core import PathwaysError
+
+if TYPE_CHECKING:
+    from pathways_nb.client._slice import VirtualSlice
+
+
+class TraceError(PathwaysError, ValueError):
+    """The function cannot become a pathways program (for example a host callback)."""
+
+
+@dataclasses.dataclass
+class Program:
+    """A traced, exported program for one signature on one mesh shape."""
+
+    pid: str
+    name: str
+    blob: bytes
+    nin: int
+    out_tree: Any
+    out_avals: list[Any]
+    out_specs: list[PartitionSpec | None]
+    donate: tuple[int, ...]
+    platform: str
+
+
+def _spec_of(sharding: Any) -> PartitionSpec | None:
+    if sharding is None:
+        return None
+    if isinstance(sharding, PartitionSpec):
+        return sharding
+    if isinstance(sharding, NamedSharding):
+        return sharding.spec
+    raise TypeError(
+        f"shardings for pw.jit are PartitionSpecs over the slice's mesh axes (or None); "
+        f"got {type(sharding).__name__}"
+    )
+
+
+def _norm_argnums(x: int | Sequence[int] | None) -> tuple[int, ...]:
+    if x is None:
+        return ()
+    if isinstance(x, int):
+        return (x,)
+    return tuple(int(i) for i in x)
+
+
+class RemoteFunction:
+    """What ``pw.jit`` returns: call it with RemoteArrays; it returns RemoteArrays at once."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        slice: VirtualSlice | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not callable(fun):
+            raise TypeError(f"pw.jit expects a function; got {type(fun).__name__}")
+        self.fun = fun
+        self.name: str = name or str(getattr(fun, "__name__", "program"))
+        self.in_shardings = in_shardings
+        self.out_shardings = out_shardings
+        self.static_argnums = _norm_argnums(static_argnums)
+        self.static_argnames = (
+            (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames or ())
+        )
+        self.donate_argnums = _norm_argnums(donate_argnums)
+        overlap = set(self.static_argnums) & set(self.donate_argnums)
+        if overlap:
+            raise ValueError(f"arguments {sorted(overlap)} cannot be both static and donated")
+        self.slice = slice
+        self._programs: dict[Any, Program] = {}
+        functools.update_wrapper(self, fun)
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):
+            self._signature = None
+
+    def __repr__(self) -> str:
+        return f"<pw.jit {self.name} ({len(self._programs)} programs)>"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from pathways_nb.client._remote import RemoteArray
+        from pathways_nb.client._session import Client
+
+        if self.slice is not None:
+            client = self.slice._client
+        else:
+            first = next(
+                (
+                    x
+                    for x in jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
+                    if isinstance(x, RemoteArray)
+                ),
+                None,
+            )
+            client = first._client if first is not None else Client.current()
+        return client._call(self, args, kwargs)
+
+    # the JAX-like extras ------------------------------------------------------------
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Output shapes and dtypes, as ``jax.eval_shape`` gives them; nothing runs."""
+        dyn, static = self._split(args, kwargs)
+        abstract = jax.tree.map(_abstract_leaf, dyn, is_leaf=_is_remote)
+        return jax.eval_shape(lambda d: self._apply(d, static), abstract)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(...).lower`` for the slice's abstract mesh (no devices needed)."""
+        dyn, static = self._split(args, kwargs)
+        leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
+        avals = [_abstract_leaf(x) for x in leaves]
+        fn = jax.jit(lambda *xs: self._apply(jax.tree.unflatten(treedef, list(xs)), static))
+        return fn.lower(*avals)
+
+    # helpers used by the client ------------------------------------------------------
+    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """Separate static from dynamic arguments: ((args, kwargs) dynamic, static key)."""
+        for i in self.static_argnums:
+            if i >= len(args):
+                raise TypeError(f"{self.name}: static_argnums has {i} but only {len(args)} args")
+        static_pos = tuple((i, args[i]) for i in self.static_argnums)
+        static_kw = tuple(sorted((k, kwargs[k]) for k in self.static_argnames if k in kwargs))
+        for _, v in (*static_pos, *static_kw):
+            try:
+                hash(v)
+            except TypeError:
+                raise TypeError(
+                    f"{self.name}: static arguments must be hashable; got {type(v).__name__}"
+                ) from None
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+        return (dyn_args, dyn_kwargs), (static_pos, static_kw, len(args))
+
+    def _apply(self, dyn: Any, static: Any) -> Any:
+        dyn_args, dyn_kwargs = dyn
+        static_pos, static_kw, nargs = static
+        full: list[Any] = []
+        it = iter(dyn_args)
+        sp = dict(static_pos)
+        for i in range(nargs):
+            full.append(sp[i] if i in sp else next(it))
+        return self.fun(*full, **dyn_kwargs, **dict(static_kw))
+
+    def _leaf_specs(self, treedef: Any) -> list[PartitionSpec | None]:
+        """``in_shardings`` broadcast to one spec (or None) per dynamic leaf."""
+        n = treedef.num_leaves
+        if self.in_shardings is None:
+            return [None] * n
+        if _is_spec_leaf(self.in_shardings):
+            return [_spec_of(self.in_shardings)] * n
+        dyn_args, _ = jax.tree.unflatten(treedef, [0] * n)
+        given = self.in_shardings
+        if not isinstance(given, tuple | list) or len(given) != len(dyn_args):
+            raise ValueError(
+                f"{self.name}: in_shardings must be one PartitionSpec or a tuple with one entry "
+                f"per non-static positional argument ({len(dyn_args)}); got {given!r}"
+            )
+        out: list[PartitionSpec | None] = []
+        for arg, spec in zip(dyn_args, given, strict=True):
+            k = len(jax.tree.leaves(arg))
+            if _is_spec_leaf(spec):
+                out.extend([_spec_of(spec)] * k)
+            else:
+                leaves = jax.tree.leaves(spec, is_leaf=_is_spec_leaf)
+                if len(leaves) != k:
+                    raise ValueError(
+                        f"{self.name}: in_shardings entry {spec!r} does not match its argument"
+                    )
+                out.extend(_spec_of(x) for x in leaves)
+        out.extend([None] * (n - len(out)))  # keyword arguments: as they are
+        return out
+
+    def _donated_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+        """Flat indices (among dynamic leaves) of the donated positional arguments."""
+        if not self.donate_argnums:
+            return set()
+        out: set[int] = set()
+        pos = 0
+        for i, a in enumerate(args):
+            if i in self.static_argnums:
+                continue
+            n = len(jax.tree.leaves(a, is_leaf=_is_remote))
+            if i in self.donate_argnums:
+                out.update(range(pos, pos + n))
+            pos += n
+        return out
+
+    def _trace(
+        self,
+        vs: VirtualSlice,
+        treedef: Any,
+        avals: list[jax.ShapeDtypeStruct],
+        static: Any,
+        donate: tuple[int, ...],
+    ) -> Program:
+        """Export the program for these abstract inputs on ``vs``'s mesh."""
+        am = vs.abstract_mesh
+        user_out = self.out_shardings
+        out_holder: list[Any] = []
+        in_specs = self._leaf_specs(treedef)
+
+        out_sh: Any = None
+        if user_out is not None:
+            out_sh = jax.tree.map(
+                lambda s: NamedSharding(am, _spec_of(s) or PartitionSpec()),
+                user_out,
+                is_leaf=_is_spec_leaf,
+            )
+
+        def flat(*leaves: Any) -> list[Any]:
+            xs = list(leaves)
+            for i, spec in enumerate(in_specs):
+                # A RemoteArray keeps its own layout on the wire; a different requested
+                # in_sharding becomes a resharding inside the program, as jax.jit does.
+                if spec is not None and xs[i].ndim and spec != avals[i].sharding.spec:
+                    xs[i] = jax.lax.with_sharding_constraint(xs[i], NamedSharding(am, spec))
+            out = self._apply(jax.tree.unflatten(treedef, xs), static)
+            if out_sh is not None:
+                out = jax.lax.with_sharding_constraint(out, out_sh)
+            flat_out, out_tree = jax.tree.flatten(out)
+            out_holder.append(out_tree)
+            return flat_out
+
+        in_sh = [a.sharding for a in avals]
+        try:
+            jitted = jax.jit(flat, in_shardings=in_sh, donate_argnums=donate)
+            exp = export.export(jitted, platforms=(vs.platform,))(*avals)
+            blob = bytes(exp.serialize())
+        except NotImplementedError as exc:
+            if "host_callback" in str(exc):
+                raise TraceError(
+                    f"{self.name} uses a host callback (jax.debug.print, jax.pure_callback, "
+                    "io_callback, ...). Programs run on remote hosts as jax.export artifacts, "
+                    "which cannot carry callbacks: remove the callback, or return the value "
+                    "and print it after fetching."
+                ) from None
+            raise
+        out_specs: list[PartitionSpec | None] = []
+        known = exp.out_shardings_jax(am)
+        for aval, s in zip(exp.out_avals, known, strict=True):
+            if isinstance(s, NamedSharding):
+                out_specs.append(s.spec)
+            elif aval.ndim == 0:
+                out_specs.append(PartitionSpec())
+            else:
+                out_specs.append(None)
+        digest = hashlib.sha256(blob + repr(donate).encode()).hexdigest()[:24]
+        return Program(
+            pid=digest,
+            name=self.name,
+            blob=blob,
+            nin=len(avals),
+            out_tree=out_holder[-1],
+            out_avals=list(exp.out_avals),
+            out_specs=out_specs,
+            donate=donate,
+            platform=vs.platform,
+        )
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec | NamedSharding)
+
+
+def _is_remote(x: Any) -> bool:
+    from pathways_nb.client._remote import RemoteArray
+
+    return isinstance(x, RemoteArray)
+
+
+def _abstract_leaf(x: Any) -> Any:
+    from pathways_nb.client._remote import RemoteArray
+
+    if isinstance(x, RemoteArray):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    arr = np.asarray(x) if not hasattr(x, "dtype") else x
+    return jax.ShapeDtypeStruct(np.shape(arr), arr.dtype)
+
+
+def jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    slice: VirtualSlice | None = None,
+    name: str | None = None,
+) -> Any:
+    """Like ``jax.jit``, but the program runs on a virtual slice and returns RemoteArrays.
+
+    Shardings are PartitionSpecs over the slice's mesh axes. The function runs on the
+    slice its RemoteArray arguments live on, on ``slice=`` when given, or on the default
+    slice (``with vs:`` or ``client.default_slice``).
+
+    >>> @pw.jit
+    ... def f(w, x):
+    ...     return jnp.tanh(x @ w).sum(0)
+    >>> y = f(w, x)          # returns at once
+    """
+    kw = dict(
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+        static_argnums=static_argnums,
+        static_argnames=static_argnames,
+        donate_argnums=donate_argnums,
+        slice=slice,
+        name=name,
+    )
+    if fun is None:
+        return lambda f: RemoteFunction(f, **kw)
+    return RemoteFunction(fun, **kw)

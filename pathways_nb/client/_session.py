@@ -1,0 +1,612 @@
+"""The Client: one notebook's session with the controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+import zmq
+from jax.sharding import NamedSharding, PartitionSpec
+
+from pathways_nb._core import (
+    BrokenError,
+    BusyError,
+    ClosedError,
+    DataLossError,
+    HandleAllocator,
+    PathwaysError,
+    RemoteError,
+    VersionMismatchError,
+    decode_spec,
+    encode_mesh,
+    encode_spec,
+    local_versions,
+    validate_mesh_shape,
+)
+from pathways_nb.client._io import IOThread
+from pathways_nb.client._jit import Program, RemoteFunction, _is_remote, jit
+from pathways_nb.client._remote import RemoteArray
+from pathways_nb.client._slice import VirtualSlice
+from pathways_nb.client._status import Status, events_frame
+
+_LOCAL_LID = 0
+
+
+def controller_address_from_scheduler(address: str, timeout: float = 30.0) -> str:
+    """Ask a Dask scheduler (with the pathways preload) where its controller listens."""
+    from distributed.core import rpc
+
+    result: dict[str, Any] = {}
+
+    async def ask() -> None:
+        r = rpc(address)
+        try:
+            result["info"] = await asyncio.wait_for(r.pathways_controller(), timeout)
+        finally:
+            await r.close_rpc()
+
+    def run() -> None:
+        try:
+            asyncio.run(ask())
+        except Exception as exc:
+            result["error"] = exc
+
+    # A notebook kernel already runs an event loop in this thread: ask from a fresh one.
+    t = threading.Thread(target=run, name="pathways-ask-scheduler")
+    t.start()
+    t.join()
+    if "error" in result:
+        exc = result["error"]
+        raise BrokenError(
+            f"could not get the pathways controller from the Dask scheduler at {address}: "
+            f"{type(exc).__name__}: {exc}. Start the scheduler with "
+            "`dask scheduler --preload pathways_nb.deploy.scheduler`."
+        ) from None
+    return str(result["info"]["address"])
+
+
+class Client:
+    """A session with a pathways controller.
+
+    >>> with pw.LocalCluster(islands=2, devices_per_island=4) as cluster:
+    ...     client = pw.Client(cluster)
+    ...     vs = client.allocate({"data": 4})
+
+    ``address`` is a cluster object (``pw.LocalCluster`` or any Dask cluster whose
+    scheduler has the pathways preload) or a Dask scheduler address. ``controller=``
+    connects straight to a controller (the in-process tier passes its ``context`` too).
+    """
+
+    _current: ClassVar[Client | None] = None
+
+    def __init__(
+        self,
+        address: Any = None,
+        *,
+        controller: str | None = None,
+        context: zmq.Context[Any] | None = None,
+        name: str = "",
+        weight: float = 1.0,
+        timeout: float = 30.0,
+    ) -> None:
+        if controller is None:
+            if address is None:
+                raise ValueError(
+                    "pw.Client needs a cluster (pw.LocalCluster(...)) or a Dask scheduler "
+                    "address such as 'tcp://host:8786'"
+                )
+            addr = getattr(address, "scheduler_address", address)
+            if not isinstance(addr, str):
+                raise TypeError(
+                    "pw.Client expects a cluster or an address string; "
+                    f"got {type(address).__name__}"
+                )
+            controller = getattr(
+                address, "controller_address", None
+            ) or controller_address_from_scheduler(addr, timeout)
+        self.controller_address = controller
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._pending: dict[int, list[int]] = {}
+        self._errors: dict[int, RemoteError] = {}
+        self._programs_sent: set[str] = set()
+        self._hosts_ok: set[str] = set()
+        self._slices: dict[str, VirtualSlice] = {}
+        self._ops: dict[tuple[Any, ...], RemoteFunction] = {}
+        self.default_slice: VirtualSlice | None = None
+        self._closed = False
+        self._io = IOThread(self._ctx, controller, self._on_push, heartbeat=1.0)
+        self._io.start()
+        versions = local_versions()
+        try:
+            h, _ = self._io.request(
+                {
+                    "t": "hello",
+                    "role": "client",
+                    "versions": versions.to_dict(),
+                    "name": name,
+                    "weight": float(weight),
+                }
+            ).result(timeout)
+        except TimeoutError:
+            self._io.stop()
+            raise BrokenError(
+                f"the controller at {controller} did not answer within {timeout:.0f} s"
+            ) from None
+        if h["t"] == "refuse":
+            self._io.stop()
+            raise VersionMismatchError(f"the controller refused this client: {h.get('reason')}")
+        self.tenant: int = int(h["tenant"])
+        self.window: int = int(h.get("window", 16))
+        self.max_queued: int = int(h.get("max_queued", 10_000))
+        self._ids = HandleAllocator(self.tenant)
+        Client._current = self
+        self._finalizer = weakref.finalize(self, IOThread.stop, self._io)
+
+    # lifecycle ------------------------------------------------------------------------
+    @classmethod
+    def current(cls) -> Client:
+        """The most recently connected client that is still open."""
+        c = cls._current
+        if c is None or c._closed:
+            raise ClosedError("no open pathways client: create one with pw.Client(cluster)")
+        return c
+
+    def close(self) -> None:
+        """Say goodbye (the controller frees this client's slices) and stop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._io.stop()
+        if self._own_ctx:
+            self._ctx.term()
+        if Client._current is self:
+            Client._current = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._slices)} slices"
+        tenant = getattr(self, "tenant", "?")
+        return f"<pathways_nb.Client tenant={tenant} {state} {self.controller_address}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this client was closed; create a new pw.Client")
+        if self._io.broken is not None:
+            raise BrokenError(self._io.broken)
+
+    def _ask(self, header: dict[str, Any], timeout: float | None = 60.0) -> dict[str, Any]:
+        self._check_open()
+        h, _ = self._io.request(header).result(timeout)
+        if "error" in h:
+            err = h["error"]
+            kind = err.get("kind")
+            cls: type[Exception] = {
+                "BusyError": BusyError,
+                "ClosedError": ClosedError,
+                "ValueError": ValueError,
+                "KeyError": KeyError,
+                "TypeError": TypeError,
+            }.get(kind, PathwaysError)
+            raise cls(err.get("message", ""))
+        if h["t"] == "error":
+            raise PathwaysError(h.get("message", ""))
+        return h
+
+    # slices ---------------------------------------------------------------------------
+    def allocate(self, mesh: dict[str, int], name: str | None = None) -> VirtualSlice:
+        """A virtual slice of shape ``mesh`` (e.g. ``{"data": 4}``) on one island."""
+        shape = validate_mesh_shape(mesh)
+        h = self._ask({"t": "allocate", "mesh": encode_mesh(shape), "name": name})
+        s = h["slice"]
+        vs = VirtualSlice(
+            self,
+            s["slice"],
+            s["name"],
+            shape,
+            s["island"],
+            s["host"],
+            s["devices"],
+            h["data_address"],
+            h["platform"],
+        )
+        self._hello_host(vs.data_address)
+        self._slices[vs.id] = vs
+        if self.default_slice is None:
+            self.default_slice = vs
+        return vs
+
+    def _hello_host(self, address: str) -> None:
+        if address in self._hosts_ok:
+            return
+        h, _ = self._io.host_request(
+            address, {"t": "hello", "role": "client", "versions": local_versions().to_dict()}
+        ).result(30)
+        if h["t"] == "refuse":
+            raise VersionMismatchError(f"host at {address} refused this client: {h.get('reason')}")
+        self._hosts_ok.add(address)
+
+    def _release(self, vs: VirtualSlice) -> None:
+        self._ask({"t": "release", "slice": vs.id})
+        vs.state = "released"
+        if self.default_slice is vs:
+            self.default_slice = None
+
+    @property
+    def slices(self) -> list[VirtualSlice]:
+        return [s for s in self._slices.values() if s.state == "active"]
+
+    # arrays ---------------------------------------------------------------------------
+    def _put(self, vs: VirtualSlice, value: Any, spec: PartitionSpec | None) -> RemoteArray:
+        self._check_open()
+        vs.check_active()
+        spec = PartitionSpec() if spec is None else spec
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(f"put takes a PartitionSpec over the slice's axes; got {spec!r}")
+        header: dict[str, Any] = {}
+        dtype: Any
+        if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            header["key_impl"] = str(jax.random.key_impl(value))
+            dtype = value.dtype
+            shape = value.shape
+            data = np.ascontiguousarray(np.asarray(jax.random.key_data(value)))
+        else:
+            data = np.ascontiguousarray(np.asarray(value))
+            if data.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
+                data = data.astype(np.float32)
+            elif data.dtype == np.int64 and not jax.config.read("jax_enable_x64"):
+                data = data.astype(np.int32)
+            if data.dtype.kind not in "biufc":
+                raise TypeError(f"put takes numeric arrays; got dtype {data.dtype}")
+            dtype, shape = data.dtype, data.shape
+        self._check_spec(vs, spec, shape)
+        handle = self._ids.next()
+        header.update(
+            {
+                "t": "put",
+                "handle": handle,
+                "shape": list(data.shape),
+                "dtype": data.dtype.str,
+                "spec": encode_spec(spec),
+                "devices": vs.devices,
+                "mesh": encode_mesh(vs.mesh_shape),
+            }
+        )
+        self._io.send_batched(
+            {"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": data.nbytes}
+        )
+        fut = self._io.host_request(vs.data_address, header, [memoryview(data.data).cast("B")])
+        fut.add_done_callback(lambda f: self._put_done(f, handle))
+        return RemoteArray(
+            self, handle, shape, dtype, NamedSharding(vs.abstract_mesh, spec), vs, _LOCAL_LID
+        )
+
+    def _put_done(self, fut: Any, handle: int) -> None:
+        exc = fut.exception()
+        if isinstance(exc, RemoteError):
+            self._errors[handle] = exc
+
+    def _check_spec(self, vs: VirtualSlice, spec: PartitionSpec, shape: Sequence[int]) -> None:
+        if len(spec) > len(shape):
+            raise ValueError(
+                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
+            )
+        for dim, entry in enumerate(spec):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            n = 1
+            for a in axes:
+                if a not in vs.mesh_shape:
+                    raise ValueError(
+                        f"PartitionSpec {spec} names axis {a!r}, but slice {vs.name!r} has axes "
+                        f"{list(vs.mesh_shape)}"
+                    )
+                n *= vs.mesh_shape[a]
+            if shape[dim] % n:
+                raise ValueError(
+                    f"dimension {dim} of size {shape[dim]} does not split evenly over {n} devices "
+                    f"({spec} on mesh {vs.mesh_shape})"
+                )
+
+    def fetch(self, tree: Any) -> Any:
+        """Values of every RemoteArray in ``tree`` (any pytree), as NumPy arrays."""
+        leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
+        futs: list[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, RemoteArray):
+                futs.append(self._request_array(leaf, "fetch"))
+            else:
+                futs.append(None)
+        out = []
+        for leaf, fut in zip(leaves, futs, strict=True):
+            if fut is None:
+                out.append(leaf)
+                continue
+            h, bufs = self._wait(fut)
+            arr = (
+                np.frombuffer(bufs[0], dtype=np.dtype(h["dtype"])).reshape(h["shape"])
+                if bufs
+                else np.zeros(h["shape"], np.dtype(h["dtype"]))
+            )
+            if h.get("key_impl"):
+                out.append(jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=h["key_impl"]))
+            else:
+                out.append(arr)
+        return jax.tree.unflatten(treedef, out)
+
+    def _request_array(self, x: RemoteArray, kind: str) -> Any:
+        self._check_open()
+        x._check_usable()
+        if x._client is not self:
+            raise ValueError("this RemoteArray belongs to another client")
+        err = self._error_of(x)
+        if err is not None:
+            raise err
+        x.slice.check_active() if x.slice.state == "lost" else None
+        return self._io.host_request(x.slice.data_address, {"t": kind, "handle": x.handle})
+
+    def _wait(self, fut: Any) -> Any:
+        try:
+            return fut.result()
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        except RemoteError as exc:
+            raise exc from None
+
+    def _wait_ready(self, xs: Sequence[RemoteArray]) -> None:
+        futs = [self._request_array(x, "wait") for x in xs]
+        for f in futs:
+            self._wait(f)
+
+    def _error_of(self, x: RemoteArray) -> RemoteError | None:
+        return self._errors.get(x.handle)
+
+    def _is_done(self, lid: int) -> bool:
+        return lid not in self._pending
+
+    def _delete_soon(self, handle: int) -> None:
+        if not self._closed:
+            self._errors.pop(handle, None)
+            self._io.delete_soon(handle)
+
+    # programs -------------------------------------------------------------------------
+    def _call(self, f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._check_open()
+        dyn, static = f._split(args, kwargs)
+        leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
+        vs = self._choose_slice(f, leaves)
+        in_specs = f._leaf_specs(treedef)
+        arrays: list[RemoteArray] = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, RemoteArray):
+                leaf._check_usable()
+                arrays.append(leaf)
+            else:
+                arrays.append(self._put(vs, leaf, in_specs[i] or PartitionSpec()))
+        donate = tuple(sorted(f._donated_leaves(args, kwargs)))
+        key = (
+            treedef,
+            tuple((a.shape, str(a.dtype), a.sharding.spec) for a in arrays),
+            static,
+            tuple(vs.mesh_shape.items()),
+            vs.platform,
+            donate,
+        )
+        prog = f._programs.get(key)
+        if prog is None:
+            avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
+            prog = f._trace(vs, treedef, avals, static, donate)
+            self._register(prog, vs)
+            f._programs[key] = prog
+        return self._launch(prog, vs, arrays)
+
+    def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
+        on = {x.slice.id: x.slice for x in leaves if isinstance(x, RemoteArray)}
+        if len(on) > 1:
+            names = sorted(s.name for s in on.values())
+            raise ValueError(
+                f"{f.name}: arguments live on different slices {names}; a program runs on one "
+                "slice. Move them first or pin the function with pw.jit(..., slice=...)."
+            )
+        if f.slice is not None:
+            if on and f.slice.id not in on:
+                other = next(iter(on.values()))
+                raise ValueError(
+                    f"{f.name} is pinned to slice {f.slice.name!r} but its arguments live on "
+                    f"{other.name!r}"
+                )
+            vs = f.slice
+        elif on:
+            vs = next(iter(on.values()))
+        elif self.default_slice is not None:
+            vs = self.default_slice
+        else:
+            raise ValueError(
+                f"{f.name}: no slice to run on. Pass RemoteArrays, pin it with "
+                "pw.jit(..., slice=vs), or set a default with `with vs:`."
+            )
+        vs.check_active()
+        return vs
+
+    def _register(self, prog: Program, vs: VirtualSlice) -> None:
+        if prog.pid not in self._programs_sent:
+            self._io.send(
+                {
+                    "t": "program",
+                    "pid": prog.pid,
+                    "name": prog.name,
+                    "nin": prog.nin,
+                    "nout": len(prog.out_avals),
+                },
+                [prog.blob],
+            )
+            self._programs_sent.add(prog.pid)
+        if any(s is None for s in prog.out_specs):
+            # The compiler picks these layouts; ask the host once, as jax.jit's first call
+            # compiles before it returns.
+            h = self._ask({"t": "probe", "slice": vs.id, "pid": prog.pid}, timeout=None)
+            if "error" in h:
+                raise RemoteError.from_dict(h["error"])
+            prog.out_specs = [
+                decode_spec(s) if s is not None else PartitionSpec() for s in h["out_specs"]
+            ]
+
+    def _launch(self, prog: Program, vs: VirtualSlice, arrays: list[RemoteArray]) -> Any:
+        self._backpressure()
+        lid = self._ids.next()
+        outs = [self._ids.next() for _ in prog.out_avals]
+        with self._lock:
+            self._pending[lid] = outs
+        self._io.send_batched(
+            {
+                "t": "launch",
+                "lid": lid,
+                "slice": vs.id,
+                "pid": prog.pid,
+                "ins": [a.handle for a in arrays],
+                "outs": outs,
+                "donate": list(prog.donate),
+            }
+        )
+        for i in prog.donate:
+            arrays[i]._deleted = True
+        results = [
+            RemoteArray(
+                self,
+                h,
+                tuple(aval.shape),
+                aval.dtype,
+                NamedSharding(vs.abstract_mesh, spec or PartitionSpec()),
+                vs,
+                lid,
+            )
+            for h, aval, spec in zip(outs, prog.out_avals, prog.out_specs, strict=True)
+        ]
+        return jax.tree.unflatten(prog.out_tree, results)
+
+    def _backpressure(self) -> None:
+        if len(self._pending) < self.max_queued:
+            return
+        try:
+            with self._cond:
+                while len(self._pending) >= self.max_queued:
+                    self._check_open()
+                    self._cond.wait(0.1)
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+
+    def _op(self, key: str, fn: Any, *args: Any) -> Any:
+        """A small program on the first RemoteArray's slice (arithmetic, indexing)."""
+        x = next(a for a in args if isinstance(a, RemoteArray))
+        k = (key, x.slice.id)
+        f = self._ops.get(k)
+        if f is None:
+            f = jit(fn, slice=x.slice, name=key)
+            self._ops[k] = f
+        return f(*args)
+
+    def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
+        try:
+            hash(index)
+            idx = index
+        except TypeError:
+            raise TypeError(
+                "RemoteArray indexing takes ints, slices, None and Ellipsis (static indices); "
+                f"got {type(index).__name__}. Index inside a pw.jit function for dynamic indices."
+            ) from None
+        return self._op(f"getitem[{_index_key(idx)}]", lambda a: a[idx], x)
+
+    # notifications from the IO thread -------------------------------------------------
+    def _on_push(self, h: dict[str, Any]) -> None:
+        t = h["t"]
+        if t == "done":
+            with self._cond:
+                for lid, err in h["items"]:
+                    outs = self._pending.pop(lid, None)
+                    if err and outs:
+                        e = RemoteError.from_dict(err)
+                        for o in outs:
+                            self._errors[o] = e
+                self._cond.notify_all()
+        elif t == "host_lost":
+            for sid in h["slices"]:
+                vs = self._slices.get(sid)
+                if vs is not None:
+                    vs.state = "lost"
+                    self._io.fail_host(
+                        vs.data_address,
+                        DataLossError(f"host {h['host']} was lost", slice=vs.name, host=h["host"]),
+                    )
+        elif t == "error":
+            import logging
+
+            logging.getLogger("pathways_nb.client").warning("controller: %s", h.get("message"))
+
+    # controller queries ---------------------------------------------------------------
+    def cancel(self) -> int:
+        """Cancel this client's launches that have not started; returns how many."""
+        if self._closed:
+            return 0
+        with contextlib.suppress(Exception):
+            return int(self._ask({"t": "cancel"}, timeout=10).get("cancelled", 0))
+        return 0
+
+    def status(self) -> Status:
+        """A snapshot of the cluster: islands, devices, slices, tenants."""
+        return Status.from_reply(self._ask({"t": "status"})["status"])
+
+    def events(self, since: float = 0.0, all_tenants: bool = False) -> Any:
+        """The event log as a pandas DataFrame (launch/start/end/... with host and times)."""
+        h = self._ask({"t": "events", "since": float(since), "all": bool(all_tenants)})
+        return events_frame(h["events"])
+
+    def inject_fault(self, where: VirtualSlice | str, match: str = "", kind: str = "error") -> None:
+        """Test hook: the next program whose name contains ``match`` on that host fails.
+
+        ``kind="error"`` stores an error in its outputs; ``kind="crash"`` kills the host
+        process (a real host loss).
+        """
+        if kind not in ("error", "crash"):
+            raise ValueError(f"kind must be 'error' or 'crash'; got {kind!r}")
+        target = where.id if isinstance(where, VirtualSlice) else str(where)
+        self._ask({"t": "inject_fault", "host": target, "match": match, "kind": kind})
+
+    def pending(self) -> int:
+        """Launches submitted by this client that have not finished."""
+        return len(self._pending)
+
+    def wait_all(self, timeout: float | None = None) -> None:
+        """Block until every launch this client submitted has finished."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(self._pending)} launches still pending")
+                self._cond.wait(0.05)
+
+
+def _index_key(idx: Any) -> str:
+    return repr(idx)
+
+
+def fetch(tree: Any) -> Any:
+    """``pw.fetch({"y": y})``: the values of every RemoteArray in a pytree."""
+    leaves = [x for x in jax.tree.leaves(tree, is_leaf=_is_remote) if isinstance(x, RemoteArray)]
+    if not leaves:
+        return tree
+    return leaves[0]._client.fetch(tree)

@@ -1,0 +1,97 @@
+"""VirtualSlice: a named mesh of virtual devices that the controller maps onto an island."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from pathways_nb._core import ClosedError, DataLossError
+
+if TYPE_CHECKING:
+    from jax.sharding import AbstractMesh, PartitionSpec
+
+    from pathways_nb.client._remote import RemoteArray
+    from pathways_nb.client._session import Client
+
+
+class VirtualSlice:
+    """A virtual slice: ``client.allocate({"data": 4})``.
+
+    ``with vs:`` makes it the default slice for ``pw.jit`` calls in the block;
+    ``vs.put(array, P("data"))`` places an array on it; ``vs.release()`` frees it.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        sid: str,
+        name: str,
+        mesh: dict[str, int],
+        island: str,
+        host: str,
+        devices: list[int],
+        data_address: str,
+        platform: str,
+    ) -> None:
+        self._client = client
+        self.id = sid
+        self.name = name
+        self.mesh_shape = dict(mesh)
+        self.island = island
+        self.host = host
+        self.devices = list(devices)
+        self.data_address = data_address
+        self.platform = platform
+        self.state = "active"
+        self._previous: list[VirtualSlice | None] = []
+        from jax.sharding import AbstractMesh
+
+        self.abstract_mesh: AbstractMesh = AbstractMesh(tuple(mesh.values()), tuple(mesh.keys()))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.mesh_shape.values())
+
+    def __repr__(self) -> str:
+        return (
+            f"VirtualSlice({self.name!r}, mesh={self.mesh_shape}, island={self.island!r}, "
+            f"devices={self.devices}, {self.state})"
+        )
+
+    def check_active(self) -> None:
+        if self.state == "released":
+            raise ClosedError(f"slice {self.name!r} was released; allocate a new one")
+        if self.state == "lost":
+            raise DataLossError(
+                f"slice {self.name!r} was lost with host {self.host}",
+                slice=self.name,
+                host=self.host,
+            )
+
+    def put(self, value: Any, spec: PartitionSpec | None = None) -> RemoteArray:
+        """Send ``value`` (array-like, or a typed PRNG key array) to this slice's host.
+
+        ``spec`` is a PartitionSpec over this slice's mesh axes; the default replicates.
+        The bytes go straight to the host, never through the controller.
+        """
+        return self._client._put(self, value, spec)
+
+    def sharding(self, spec: PartitionSpec) -> Any:
+        """``NamedSharding`` of ``spec`` over this slice's abstract mesh."""
+        from jax.sharding import NamedSharding
+
+        return NamedSharding(self.abstract_mesh, spec)
+
+    def release(self) -> None:
+        """Free the slice's devices; its arrays are deleted. Releasing twice is a no-op."""
+        if self.state == "active":
+            self._client._release(self)
+
+    def __enter__(self) -> VirtualSlice:
+        self.check_active()
+        self._previous.append(self._client.default_slice)
+        self._client.default_slice = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.default_slice = self._previous.pop()

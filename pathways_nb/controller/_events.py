@@ -1,0 +1,57 @@
+"""The event log: every launch, start, end, transfer and failure, in a bounded ring."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+FIELDS = ("time", "kind", "tenant", "lid", "program", "slice", "island", "host", "detail")
+
+
+class EventLog:
+    """A ring buffer of event tuples; old events fall off so memory stays bounded."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"the event log needs room for at least one event; got {size}")
+        self._ring: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=size)
+        self.total = 0
+
+    def add(
+        self,
+        kind: str,
+        tenant: int = 0,
+        lid: int = 0,
+        program: str = "",
+        slice: str = "",
+        island: str = "",
+        host: str = "",
+        detail: str = "",
+        at: float | None = None,
+    ) -> None:
+        self._ring.append(
+            (
+                time.time() if at is None else at,
+                kind,
+                tenant,
+                lid,
+                program,
+                slice,
+                island,
+                host,
+                detail,
+            )
+        )
+        self.total += 1
+
+    def since(self, t: float, tenant: int | None = None, limit: int = 100_000) -> list[list[Any]]:
+        """Events at or after ``t`` (oldest first), optionally only one tenant's."""
+        # Host-reported times can arrive out of order, so filter instead of stopping early.
+        out = [
+            list(ev) for ev in self._ring if ev[0] >= t and (tenant is None or ev[2] in (0, tenant))
+        ]
+        return out[-limit:]
+
+    def __len__(self) -> int:
+        return len(self._ring)

@@ -1,0 +1,167 @@
+"""The resource manager: hosts, islands, devices and virtual slices, as a state machine.
+
+Events in (a host registers, a client allocates or releases, a host is lost), decisions
+out (which physical devices back a virtual slice). No sockets, no threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from pathways_nb._core import BusyError, ClosedError
+
+
+@dataclasses.dataclass
+class HostInfo:
+    host: str
+    island: str
+    devices: list[int]
+    data_address: str
+    process: str
+    platform: str
+    alive: bool = True
+
+
+@dataclasses.dataclass
+class SliceInfo:
+    slice: str
+    name: str
+    tenant: int
+    mesh: dict[str, int]
+    island: str
+    host: str
+    devices: list[int]
+    state: str = "active"  # active | released | lost
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.mesh.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ResourceManager:
+    """Maps virtual slices onto free devices of one island."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, HostInfo] = {}
+        self.slices: dict[str, SliceInfo] = {}
+        self._used: dict[str, set[int]] = {}  # host -> device ids held by active slices
+        self._next_slice = 0
+
+    # events -------------------------------------------------------------------------
+    def add_host(self, info: HostInfo) -> None:
+        """A host registered (or re-registered after a restart under the same name)."""
+        old = self.hosts.get(info.host)
+        if old is not None and old.alive:
+            self.lose_host(info.host)
+        self.hosts[info.host] = info
+        self._used[info.host] = set()
+
+    def lose_host(self, host: str) -> list[SliceInfo]:
+        """The host died: its active slices are lost. Returns them."""
+        info = self.hosts.get(host)
+        if info is None or not info.alive:
+            return []
+        info.alive = False
+        lost = [s for s in self.slices.values() if s.host == host and s.state == "active"]
+        for s in lost:
+            s.state = "lost"
+        self._used[host] = set()
+        return lost
+
+    def allocate(self, tenant: int, mesh: dict[str, int], name: str | None) -> SliceInfo:
+        """Place a virtual slice of shape ``mesh`` on free devices of one island.
+
+        Slices spread: among the islands with room, the one holding the fewest active
+        slices wins, then the one with the most free devices.
+        """
+        need = math.prod(mesh.values())
+        if name is not None:
+            for s in self.slices.values():
+                if s.tenant == tenant and s.name == name and s.state == "active":
+                    raise ValueError(
+                        f"this client already has an active slice named {name!r}; "
+                        "release it first or choose another name"
+                    )
+        candidates = []
+        for h in self.hosts.values():
+            if not h.alive:
+                continue
+            free = len(h.devices) - len(self._used[h.host])
+            if free >= need:
+                load = sum(
+                    1 for s in self.slices.values() if s.host == h.host and s.state == "active"
+                )
+                candidates.append((load, -free, h.host))
+        if not candidates:
+            raise BusyError(
+                f"no island has {need} free devices for mesh {mesh}; free devices per island: "
+                f"{self.free_summary() or 'none (no live hosts)'}. Release a slice, ask for a "
+                "smaller mesh, or add hosts."
+            )
+        _, _, host = min(candidates)
+        info = self.hosts[host]
+        free_ids = [d for d in info.devices if d not in self._used[host]][:need]
+        self._used[host].update(free_ids)
+        self._next_slice += 1
+        sid = f"s{self._next_slice}"
+        s = SliceInfo(
+            slice=sid,
+            name=name or sid,
+            tenant=tenant,
+            mesh=dict(mesh),
+            island=info.island,
+            host=host,
+            devices=free_ids,
+        )
+        self.slices[sid] = s
+        return s
+
+    def release(self, sid: str, tenant: int) -> SliceInfo:
+        """Free the slice's devices. Releasing twice is a no-op."""
+        s = self.get(sid, tenant)
+        if s.state == "active":
+            self._used[s.host].difference_update(s.devices)
+        if s.state != "lost":
+            s.state = "released"
+        return s
+
+    # queries ------------------------------------------------------------------------
+    def get(self, sid: str, tenant: int | None = None) -> SliceInfo:
+        s = self.slices.get(sid)
+        if s is None or (tenant is not None and s.tenant != tenant):
+            raise ClosedError(f"slice {sid!r} does not exist for this client")
+        return s
+
+    def active(self, sid: str, tenant: int) -> SliceInfo:
+        """The slice if it can run programs now; a clear error otherwise."""
+        s = self.get(sid, tenant)
+        if s.state == "released":
+            raise ClosedError(f"slice {s.name!r} was released; allocate a new one")
+        if s.state == "lost":
+            raise ClosedError(f"slice {s.name!r} was lost with host {s.host}")
+        return s
+
+    def free_summary(self) -> str:
+        parts = []
+        for h in self.hosts.values():
+            if h.alive:
+                parts.append(
+                    f"{h.island}: {len(h.devices) - len(self._used[h.host])}/{len(h.devices)}"
+                )
+        return ", ".join(parts)
+
+    def snapshot(self) -> dict[str, Any]:
+        hosts = []
+        for h in self.hosts.values():
+            d = dataclasses.asdict(h)
+            d["used"] = sorted(self._used.get(h.host, ()))
+            hosts.append(d)
+        return {
+            "hosts": hosts,
+            "slices": [s.to_dict() for s in self.slices.values() if s.state != "released"],
+        }

@@ -1,0 +1,196 @@
+"""The gang scheduler: one ordered queue per island, fair between tenants.
+
+Every program on an island leaves through this one queue, so all of the island's
+devices see programs in the same order and collectives cannot deadlock. A bounded
+window caps launches in flight per XLA process (several in-process hosts share one
+process's rendezvous and thread pool). Between tenants the next launch goes to the
+tenant with the smallest *pass* (stride scheduling): each launch advances its
+tenant's pass by its estimated device time divided by the tenant's weight.
+
+A plain state machine: ``submit``/``complete``/``cancel`` in, dispatch lists out.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+
+@dataclasses.dataclass
+class Work:
+    """One unit the scheduler orders: a program launch or a batch of deletions."""
+
+    kind: str  # "run" | "drop"
+    tenant: int
+    island: str
+    lid: int  # launch id; 0 for drops
+    cost_key: str = ""
+    body: Any = None
+
+
+@dataclasses.dataclass
+class _IslandQueue:
+    window_key: str
+    queues: dict[int, collections.deque[Work]] = dataclasses.field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not any(self.queues.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerStatistics:
+    queued: dict[str, int]
+    inflight: dict[str, int]
+    tenant_pass: dict[int, float]
+    dispatched: int
+    completed: int
+
+
+class GangScheduler:
+    """Orders work per island; ``window`` launches in flight per window key."""
+
+    DEFAULT_COST = 1e-3  # seconds, before a program has been measured
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"the in-flight window must be at least 1; got {window}")
+        self.window = window
+        self._islands: dict[str, _IslandQueue] = {}
+        self._inflight: collections.Counter[str] = collections.Counter()
+        self._inflight_lids: dict[int, tuple[str, Work]] = {}
+        self._pass: dict[int, float] = {}
+        self._weight: dict[int, float] = {}
+        self._cost: dict[str, float] = {}
+        self._ready: set[str] = set()
+        self._dispatched = 0
+        self._completed = 0
+
+    # configuration ------------------------------------------------------------------
+    def add_island(self, island: str, window_key: str) -> None:
+        q = self._islands.get(island)
+        if q is None:
+            self._islands[island] = _IslandQueue(window_key)
+        else:
+            q.window_key = window_key
+
+    def set_weight(self, tenant: int, weight: float) -> None:
+        if weight <= 0:
+            raise ValueError(f"a tenant's weight must be positive; got {weight}")
+        self._weight[tenant] = weight
+
+    # events -------------------------------------------------------------------------
+    def submit(self, work: Work) -> None:
+        q = self._islands.get(work.island)
+        if q is None:
+            raise KeyError(f"unknown island {work.island!r}")
+        if work.tenant not in self._pass:
+            # A newcomer starts level with the busiest competitor, not at zero, so it
+            # cannot starve the others by having been idle.
+            self._pass[work.tenant] = min(self._pass.values(), default=0.0)
+        q.queues.setdefault(work.tenant, collections.deque()).append(work)
+        self._ready.add(work.island)
+
+    def complete(self, lid: int, seconds: float | None = None) -> Work | None:
+        """A launch finished; ``seconds`` is its measured device time."""
+        entry = self._inflight_lids.pop(lid, None)
+        if entry is None:
+            return None
+        key, work = entry
+        self._inflight[key] -= 1
+        self._completed += 1
+        if seconds is not None and work.cost_key:
+            old = self._cost.get(work.cost_key)
+            self._cost[work.cost_key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        for island, q in self._islands.items():
+            if q.window_key == key and not q.empty():
+                self._ready.add(island)
+        return work
+
+    def cancel(self, tenant: int) -> list[Work]:
+        """Drop the tenant's queued work (not what is in flight). Returns what was dropped."""
+        dropped: list[Work] = []
+        for q in self._islands.values():
+            dq = q.queues.pop(tenant, None)
+            if dq:
+                dropped.extend(w for w in dq if w.kind == "run")
+                # Deletions still go out: the arrays exist on the host and must be freed.
+                keep = collections.deque(w for w in dq if w.kind == "drop")
+                if keep:
+                    q.queues[tenant] = keep
+        for island, q in self._islands.items():
+            if not q.empty():
+                self._ready.add(island)
+        return dropped
+
+    def fail_island(self, island: str) -> list[Work]:
+        """The island's host is gone: everything queued or in flight there is returned."""
+        q = self._islands.pop(island, None)
+        out: list[Work] = []
+        if q is not None:
+            for dq in q.queues.values():
+                out.extend(w for w in dq if w.kind == "run")
+        for lid, (key, work) in list(self._inflight_lids.items()):
+            if work.island == island:
+                del self._inflight_lids[lid]
+                self._inflight[key] -= 1
+                out.append(work)
+        self._ready.discard(island)
+        return out
+
+    def dispatch(self) -> list[Work]:
+        """Everything that may go to hosts now, in the order it must be sent."""
+        out: list[Work] = []
+        while self._ready:
+            island = self._ready.pop()
+            q = self._islands.get(island)
+            if q is None:
+                continue
+            while True:
+                tenant = self._pick(q)
+                if tenant is None:
+                    break
+                head = q.queues[tenant][0]
+                if head.kind == "run" and self._inflight[q.window_key] >= self.window:
+                    # Drops need no window slot, but order within a tenant is kept, so a
+                    # drop behind a blocked run waits with it.
+                    break
+                q.queues[tenant].popleft()
+                if not q.queues[tenant]:
+                    del q.queues[tenant]
+                if head.kind == "run":
+                    self._inflight[q.window_key] += 1
+                    self._inflight_lids[head.lid] = (q.window_key, head)
+                    cost = self._cost.get(head.cost_key, self.DEFAULT_COST)
+                    self._pass[tenant] += cost / self._weight.get(tenant, 1.0)
+                    self._dispatched += 1
+                out.append(head)
+        return out
+
+    def _pick(self, q: _IslandQueue) -> int | None:
+        best = None
+        best_pass = 0.0
+        for tenant, dq in q.queues.items():
+            if not dq:
+                continue
+            p = self._pass.get(tenant, 0.0)
+            if best is None or p < best_pass:
+                best, best_pass = tenant, p
+        return best
+
+    def forget_tenant(self, tenant: int) -> None:
+        self._pass.pop(tenant, None)
+        self._weight.pop(tenant, None)
+
+    def inflight_lids(self) -> Iterable[int]:
+        return self._inflight_lids.keys()
+
+    def statistics(self) -> SchedulerStatistics:
+        return SchedulerStatistics(
+            queued={i: sum(len(d) for d in q.queues.values()) for i, q in self._islands.items()},
+            inflight={k: v for k, v in self._inflight.items() if v},
+            tenant_pass=dict(self._pass),
+            dispatched=self._dispatched,
+            completed=self._completed,
+        )

@@ -1,0 +1,756 @@
+"""The controller's thread: sockets around the resource manager and the gang scheduler.
+
+One thread owns two ROUTER sockets (clients, hosts) and the state machines; other threads
+(the Dask scheduler plugin, tests) reach it only through an :class:`~pathways_nb.wire.Outbox`.
+Shutdown order: stop the loop, join the thread, close the sockets, then the context if we
+made it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+from pathways_nb._core import (
+    BusyError,
+    CancelledError,
+    ClosedError,
+    Config,
+    DataLossError,
+    ProtocolError,
+    RemoteError,
+    Versions,
+    decode_mesh,
+    default_config,
+    local_versions,
+    validate_mesh_shape,
+)
+from pathways_nb.controller._events import EventLog
+from pathways_nb.controller._resources import HostInfo, ResourceManager
+from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics, Work
+from pathways_nb.controller._tenants import Tenant, Tenants
+from pathways_nb.wire import Outbox, bind, check, decode, encode
+from pathways_nb.wire._messages import error_header
+
+log = logging.getLogger("pathways_nb.controller")
+
+_CLIENT_TYPES = frozenset(
+    {
+        "hello",
+        "heartbeat",
+        "allocate",
+        "release",
+        "program",
+        "launch",
+        "put_note",
+        "delete",
+        "batch",
+        "status",
+        "events",
+        "cancel",
+        "probe",
+        "inject_fault",
+        "bye",
+    }
+)
+_BATCHABLE = frozenset({"launch", "put_note", "delete", "heartbeat"})
+_HOST_TYPES = frozenset({"register", "acks", "host_reply", "heartbeat"})
+
+
+@dataclasses.dataclass
+class _Program:
+    name: str
+    blob: bytes
+    nin: int
+    nout: int
+
+
+@dataclasses.dataclass
+class _Launch:
+    tenant: int
+    pid: str
+    name: str
+    slice: str
+    island: str
+    host: str
+    outs: list[int]
+    submitted: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerStatistics:
+    """A snapshot of the controller, safe to keep and print."""
+
+    hosts: int
+    live_hosts: int
+    slices: int
+    tenants: int
+    programs: int
+    live_handles: int
+    launches_pending: int
+    events: int
+    scheduler: SchedulerStatistics
+
+
+class Controller:
+    """Places virtual slices and gang-schedules programs onto hosts.
+
+    ``Controller().start()`` binds two sockets (``client_address``, ``host_address``) and
+    serves until :meth:`stop`. Both are idempotent.
+    """
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        context: zmq.Context[Any] | None = None,
+        bind_host: str = "127.0.0.1",
+        inproc: bool = False,
+    ) -> None:
+        self.config = config or default_config()
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self._bind_host = bind_host
+        self._inproc = inproc
+        self.versions: Versions = local_versions()
+        self.rm = ResourceManager()
+        self.scheduler = GangScheduler(self.config.inflight_window)
+        self.tenants = Tenants()
+        self.events = EventLog(self.config.event_log_size)
+        self._programs: dict[str, _Program] = {}
+        self._host_programs: dict[str, set[str]] = {}
+        self._host_ident: dict[str, bytes] = {}
+        self._ident_host: dict[bytes, str] = {}
+        self._host_versions: dict[str, Versions] = {}
+        self._launches: dict[int, _Launch] = {}
+        self._where: dict[int, str] = {}
+        self._slice_handles: dict[str, set[int]] = {}
+        self._probes: dict[int, tuple[bytes, int]] = {}
+        self._next_rid = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._outbox: Outbox | None = None
+        self.client_address = ""
+        self._pending_stats: list[concurrent.futures.Future[ControllerStatistics]] = []
+        self.host_address = ""
+
+    # lifecycle ----------------------------------------------------------------------
+    def start(self) -> Controller:
+        if self._thread is not None:
+            return self
+        if self._inproc:
+            from pathways_nb.wire import new_inproc_address
+
+            caddr, haddr = new_inproc_address("ctl-clients"), new_inproc_address("ctl-hosts")
+        else:
+            caddr = haddr = f"tcp://{self._bind_host}:0"
+        self._clients, self.client_address = bind(
+            self._ctx, zmq.ROUTER, caddr, self.config.max_control_message
+        )
+        self._hosts, self.host_address = bind(
+            self._ctx, zmq.ROUTER, haddr, self.config.max_control_message
+        )
+        self._outbox = Outbox(self._ctx, "ctl-outbox")
+        self._thread = threading.Thread(target=self._run, name="pathways-controller", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None or self._stopping.is_set():
+            return
+        self._stopping.set()
+        assert self._outbox is not None
+        self._outbox.send(b"wake", [b""])
+        self._thread.join()
+        self._clients.close(0)
+        self._hosts.close(0)
+        self._outbox.close()
+        if self._own_ctx:
+            self._ctx.term()
+
+    def __enter__(self) -> Controller:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # thread-safe entry points -------------------------------------------------------
+    def host_lost(self, host: str, reason: str = "the cluster reported it gone") -> None:
+        """Tell the controller a host died (called from the Dask scheduler plugin)."""
+        if self._outbox is not None:
+            self._outbox.send(b"host_lost", [msgpack.packb([host, reason])])
+
+    def statistics(self, timeout: float = 10.0) -> ControllerStatistics:
+        """A consistent snapshot, taken on the controller's own thread."""
+        fut: concurrent.futures.Future[ControllerStatistics] = concurrent.futures.Future()
+        self._pending_stats.append(fut)
+        assert self._outbox is not None
+        self._outbox.send(b"stats", [b""])
+        return fut.result(timeout)
+
+    # the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        assert self._outbox is not None
+        poller = zmq.Poller()
+        poller.register(self._clients, zmq.POLLIN)
+        poller.register(self._hosts, zmq.POLLIN)
+        poller.register(self._outbox.socket, zmq.POLLIN)
+        self._started.set()
+        next_tick = time.monotonic() + 0.5
+        while not self._stopping.is_set():
+            timeout = max(0.0, next_tick - time.monotonic())
+            ready = dict(poller.poll(int(timeout * 1000)))
+            if self._hosts in ready:
+                self._drain(self._hosts, self._on_host_frames)
+            if self._clients in ready:
+                self._drain(self._clients, self._on_client_frames)
+            if self._outbox.socket in ready:
+                self._drain(self._outbox.socket, self._on_internal)
+            self._flush()
+            if time.monotonic() >= next_tick:
+                self._tick()
+                next_tick = time.monotonic() + 0.5
+
+    def _drain(self, sock: zmq.Socket[Any], handler: Any) -> None:
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handler(frames)
+            except Exception:
+                # A bug in one handler must not take the controller down; log it loudly.
+                log.exception("controller failed handling a message")
+
+    def _on_internal(self, frames: list[Any]) -> None:
+        kind = bytes(frames[0].buffer)
+        if kind == b"host_lost":
+            host, reason = msgpack.unpackb(frames[1].buffer)
+            self._lose_host(host, reason)
+        elif kind == b"stats":
+            while self._pending_stats:
+                self._pending_stats.pop().set_result(self._statistics())
+
+    def _tick(self) -> None:
+        for t in self.tenants.expired(self.config.lease_seconds):
+            log.warning("tenant %s (%s) lease lapsed; freeing its slices", t.tenant, t.name)
+            self._drop_tenant(t, "lease lapsed")
+
+    # sending ------------------------------------------------------------------------
+    def _send_client(
+        self, identity: bytes, header: dict[str, Any], bufs: Sequence[Any] = ()
+    ) -> None:
+        try:
+            self._clients.send_multipart([identity, *encode(header, bufs)], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            t = self.tenants.by_identity.get(identity)
+            if t is not None:
+                self._drop_tenant(t, "connection gone")
+
+    def _send_host(self, host: str, header: dict[str, Any], bufs: Sequence[Any] = ()) -> bool:
+        ident = self._host_ident.get(host)
+        if ident is None:
+            return False
+        try:
+            self._hosts.send_multipart([ident, *encode(header, bufs)], copy=False)
+            return True
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self._lose_host(host, "its connection to the controller is gone")
+            return False
+
+    # hosts --------------------------------------------------------------------------
+    def _on_host_frames(self, frames: list[Any]) -> None:
+        identity = bytes(frames[0].buffer)
+        try:
+            msg = decode(frames[1:], self.config.max_control_message)
+            kind = check(msg.header, _HOST_TYPES)
+        except ProtocolError as exc:
+            self._hosts.send_multipart([identity, *encode(error_header(str(exc)))])
+            return
+        h = msg.header
+        host = self._ident_host.get(identity)
+        if kind == "register":
+            self._register_host(identity, h)
+            return
+        if host is None:
+            self._hosts.send_multipart(
+                [identity, *encode(error_header("register before sending anything else"))]
+            )
+            return
+        if kind == "acks":
+            self._on_acks(host, h["items"])
+        elif kind == "host_reply":
+            target = self._probes.pop(h["rid"], None)
+            if target is not None:
+                ident, crid = target
+                reply = dict(h)
+                reply["t"], reply["rid"] = "reply", crid
+                self._send_client(ident, reply)
+
+    def _register_host(self, identity: bytes, h: dict[str, Any]) -> None:
+        try:
+            versions = Versions.from_dict(h.get("versions"))
+        except ValueError as exc:
+            self._hosts.send_multipart([identity, *encode({"t": "refuse", "reason": str(exc)})])
+            return
+        why = self.versions.mismatch(versions, "controller", f"host {h['host']}")
+        if why is not None:
+            self._hosts.send_multipart([identity, *encode({"t": "refuse", "reason": why})])
+            return
+        host = h["host"]
+        if host in self._host_ident and self.rm.hosts[host].alive:
+            self._lose_host(host, "it registered again (restarted)")
+        info = HostInfo(
+            host=host,
+            island=h["island"],
+            devices=[int(d) for d in h["devices"]],
+            data_address=h["data_address"],
+            process=h["process"],
+            platform=h["platform"],
+        )
+        self.rm.add_host(info)
+        self.scheduler.add_island(info.island, info.process)
+        self._host_ident[host] = identity
+        self._ident_host[identity] = host
+        self._host_versions[host] = versions
+        self._host_programs[host] = set()
+        self.events.add(
+            "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
+        )
+        self._hosts.send_multipart([identity, *encode({"t": "welcome"})])
+
+    def _on_acks(self, host: str, items: list[Any]) -> None:
+        by_tenant: dict[int, list[Any]] = {}
+        for item in items:
+            lid, t0, t1, err = item
+            rec = self._launches.pop(lid, None)
+            if rec is None:
+                continue
+            self.scheduler.complete(lid, max(0.0, t1 - t0))
+            self.events.add("start", rec.tenant, lid, rec.name, rec.slice, rec.island, host, at=t0)
+            self.events.add(
+                "error" if err else "end",
+                rec.tenant,
+                lid,
+                rec.name,
+                rec.slice,
+                rec.island,
+                host,
+                detail=err.get("kind", "") if err else "",
+                at=t1,
+            )
+            t = self.tenants.by_id.get(rec.tenant)
+            if t is not None:
+                t.device_seconds += max(0.0, t1 - t0)
+                t.pending -= 1
+            by_tenant.setdefault(rec.tenant, []).append([lid, err])
+        self._send_done(by_tenant)
+
+    def _send_done(self, by_tenant: dict[int, list[Any]]) -> None:
+        for tenant, done in by_tenant.items():
+            t = self.tenants.by_id.get(tenant)
+            if t is not None:
+                self._send_client(t.identity, {"t": "done", "items": done})
+
+    def _lose_host(self, host: str, reason: str) -> None:
+        info = self.rm.hosts.get(host)
+        if info is None or not info.alive:
+            return
+        lost = self.rm.lose_host(host)
+        ident = self._host_ident.pop(host, None)
+        if ident is not None:
+            self._ident_host.pop(ident, None)
+        self.events.add("host_lost", island=info.island, host=host, detail=reason)
+        log.warning("host %s lost: %s", host, reason)
+        err = DataLossError(
+            f"host {host} was lost ({reason}) before this program finished",
+            host=host,
+        )
+        failed = self.scheduler.fail_island(info.island)
+        by_tenant: dict[int, list[Any]] = {}
+        for w in failed:
+            rec = self._launches.pop(w.lid, None)
+            if rec is not None:
+                d = err.to_dict() | {"program": rec.name, "slice": rec.slice}
+                by_tenant.setdefault(rec.tenant, []).append([w.lid, d])
+                t = self.tenants.by_id.get(rec.tenant)
+                if t is not None:
+                    t.pending -= 1
+        self._send_done(by_tenant)
+        per_tenant: dict[int, list[str]] = {}
+        for s in lost:
+            per_tenant.setdefault(s.tenant, []).append(s.slice)
+            for hd in self._slice_handles.pop(s.slice, set()):
+                self._where.pop(hd, None)
+        for tenant, sids in per_tenant.items():
+            t = self.tenants.by_id.get(tenant)
+            if t is not None:
+                self._send_client(t.identity, {"t": "host_lost", "host": host, "slices": sids})
+
+    # clients ------------------------------------------------------------------------
+    def _on_client_frames(self, frames: list[Any]) -> None:
+        identity = bytes(frames[0].buffer)
+        try:
+            msg = decode(frames[1:], self.config.max_control_message)
+            kind = check(msg.header, _CLIENT_TYPES)
+        except ProtocolError as exc:
+            self._send_client(identity, error_header(str(exc)))
+            return
+        t = self.tenants.by_identity.get(identity)
+        if kind == "hello":
+            self._hello(identity, msg.header)
+            return
+        if t is None:
+            self._send_client(
+                identity, error_header("say hello before anything else", msg.header.get("rid"))
+            )
+            return
+        t.last_seen = time.monotonic()
+        if kind == "batch":
+            # A batch is a header followed by one packed header per frame (launches, deletes,
+            # put notes): the client coalesces what it submitted while we were busy.
+            for frame in msg.buffers:
+                try:
+                    sub = decode([frame]).header
+                    sk = check(sub, _BATCHABLE)
+                except ProtocolError as exc:
+                    self._send_client(identity, error_header(str(exc)))
+                    continue
+                self._client_message(t, sk, sub, [])
+            return
+        self._client_message(t, kind, msg.header, msg.buffers)
+
+    def _hello(self, identity: bytes, h: dict[str, Any]) -> None:
+        rid = h.get("rid") if isinstance(h.get("rid"), int) else 0
+        if h.get("role") != "client":
+            self._send_client(
+                identity,
+                {
+                    "t": "refuse",
+                    "rid": rid,
+                    "reason": f"this socket serves clients, not {h.get('role')!r}",
+                },
+            )
+            return
+        try:
+            versions = Versions.from_dict(h["versions"])
+        except ValueError as exc:
+            self._send_client(identity, {"t": "refuse", "rid": rid, "reason": str(exc)})
+            return
+        why = versions.mismatch(self.versions, "client", "controller")
+        for host, hv in self._host_versions.items():
+            if why is None and self.rm.hosts[host].alive:
+                why = versions.mismatch(hv, "client", f"host {host}")
+        if why is not None:
+            self._send_client(identity, {"t": "refuse", "rid": rid, "reason": why})
+            return
+        t = self.tenants.add(identity, str(h.get("name") or ""), float(h.get("weight") or 1.0))
+        self.scheduler.set_weight(t.tenant, t.weight)
+        self.events.add("tenant_join", t.tenant, detail=t.name)
+        self._send_client(
+            identity,
+            {
+                "t": "welcome",
+                "rid": rid,
+                "tenant": t.tenant,
+                "window": self.config.inflight_window,
+                "max_queued": self.config.max_queued_per_client,
+            },
+        )
+
+    def _client_message(self, t: Tenant, kind: str, h: dict[str, Any], bufs: list[Any]) -> None:
+        rid = h.get("rid")
+        try:
+            handler = getattr(self, f"_c_{kind}")
+            handler(t, h, bufs)
+        except (ProtocolError, ClosedError, BusyError, ValueError, KeyError, TypeError) as exc:
+            if isinstance(rid, int):
+                self._send_client(
+                    t.identity,
+                    {
+                        "t": "reply",
+                        "rid": rid,
+                        "error": {"message": str(exc), "kind": type(exc).__name__},
+                    },
+                )
+            elif kind == "launch":
+                self._fail_launch_now(t, h, str(exc))
+            else:
+                self._send_client(t.identity, error_header(f"{kind}: {exc}"))
+
+    def _reply(self, t: Tenant, rid: int, **body: Any) -> None:
+        self._send_client(t.identity, {"t": "reply", "rid": rid, **body})
+
+    def _c_heartbeat(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        pass
+
+    def _c_bye(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        self._drop_tenant(t, "client closed")
+
+    def _c_allocate(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        mesh = validate_mesh_shape(decode_mesh(h["mesh"]))
+        s = self.rm.allocate(t.tenant, mesh, h.get("name"))
+        self._slice_handles[s.slice] = set()
+        host = self.rm.hosts[s.host]
+        self.events.add(
+            "allocate",
+            t.tenant,
+            slice=s.slice,
+            island=s.island,
+            host=s.host,
+            detail=f"{s.name} {mesh}",
+        )
+        self._reply(
+            t, h["rid"], slice=s.to_dict(), data_address=host.data_address, platform=host.platform
+        )
+
+    def _c_release(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.get(h["slice"], t.tenant)
+        was_active = s.state == "active"
+        self.rm.release(s.slice, t.tenant)
+        handles = self._slice_handles.pop(s.slice, set())
+        for hd in handles:
+            self._where.pop(hd, None)
+        if was_active and handles:
+            self.scheduler.submit(
+                Work("drop", t.tenant, s.island, 0, body=(s.host, sorted(handles)))
+            )
+        if was_active:
+            self.events.add("release", t.tenant, slice=s.slice, island=s.island, host=s.host)
+        self._reply(t, h["rid"])
+
+    def _c_program(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        if len(bufs) != 1:
+            raise ProtocolError("a program message carries exactly one frame: the jax.export bytes")
+        if h["pid"] not in self._programs:
+            self._programs[h["pid"]] = _Program(h["name"], bytes(bufs[0]), h["nin"], h["nout"])
+
+    def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.active(h["slice"], t.tenant)
+        self._track(h["handle"], s.slice)
+
+    def _track(self, handle: int, sid: str) -> None:
+        self._where[handle] = sid
+        self._slice_handles.setdefault(sid, set()).add(handle)
+
+    def _untrack(self, handle: int) -> str | None:
+        sid = self._where.pop(handle, None)
+        if sid is not None:
+            hs = self._slice_handles.get(sid)
+            if hs is not None:
+                hs.discard(handle)
+        return sid
+
+    def _c_delete(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        by_slice: dict[str, list[int]] = {}
+        for hd in h["handles"]:
+            if not isinstance(hd, int):
+                continue
+            sid = self._untrack(hd)
+            if sid is not None:
+                by_slice.setdefault(sid, []).append(hd)
+        for sid, handles in by_slice.items():
+            s = self.rm.slices.get(sid)
+            if s is not None and s.state == "active":
+                self.scheduler.submit(Work("drop", t.tenant, s.island, 0, body=(s.host, handles)))
+
+    def _c_launch(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.active(h["slice"], t.tenant)
+        prog = self._programs.get(h["pid"])
+        if prog is None:
+            raise ProtocolError(f"program {h['pid']} was never sent to the controller")
+        ins, outs = h["ins"], h["outs"]
+        if len(ins) != prog.nin or len(outs) != prog.nout:
+            raise ProtocolError(
+                f"program {prog.name} takes {prog.nin} inputs and makes {prog.nout} outputs; "
+                f"the launch gave {len(ins)} and {len(outs)}"
+            )
+        for hd in ins:
+            where = self._where.get(hd)
+            if where != s.slice:
+                raise ClosedError(
+                    f"input {hd:#x} of program {prog.name} is "
+                    + ("not a live array" if where is None else f"on slice {where}, not {s.slice}")
+                )
+        for i in h["donate"]:
+            self._untrack(ins[i])
+        for hd in outs:
+            self._track(hd, s.slice)
+        lid = h["lid"]
+        self._launches[lid] = _Launch(
+            t.tenant, h["pid"], prog.name, s.slice, s.island, s.host, list(outs), time.time()
+        )
+        t.launches += 1
+        t.pending += 1
+        self.events.add("launch", t.tenant, lid, prog.name, s.slice, s.island, s.host)
+        self.scheduler.submit(Work("run", t.tenant, s.island, lid, cost_key=h["pid"], body=(s, h)))
+
+    def _fail_launch_now(self, t: Tenant, h: dict[str, Any], why: str) -> None:
+        lid = h.get("lid")
+        err = RemoteError(
+            why, kind="invalid", program=str(h.get("pid", "")), slice=str(h.get("slice", ""))
+        )
+        self._send_client(t.identity, {"t": "done", "items": [[lid, err.to_dict()]]})
+        outs = [o for o in h.get("outs", []) if isinstance(o, int)]
+        s = self.rm.slices.get(str(h.get("slice")))
+        if s is not None and outs:
+            self._send_host(s.host, {"t": "fail_outputs", "handles": outs, "error": err.to_dict()})
+
+    def _c_cancel(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        n = self._cancel_queued(t, "cancelled by the client (interrupt)")
+        self._reply(t, h["rid"], cancelled=n)
+
+    def _cancel_queued(self, t: Tenant, why: str) -> int:
+        dropped = self.scheduler.cancel(t.tenant)
+        done = []
+        for w in dropped:
+            rec = self._launches.pop(w.lid, None)
+            if rec is None:
+                continue
+            t.pending -= 1
+            err = CancelledError(why)
+            rerr = RemoteError(
+                str(err), kind="cancelled", program=rec.name, slice=rec.slice, host=rec.host
+            )
+            done.append([w.lid, rerr.to_dict()])
+            self._send_host(
+                rec.host, {"t": "fail_outputs", "handles": rec.outs, "error": rerr.to_dict()}
+            )
+            self.events.add("cancel", t.tenant, w.lid, rec.name, rec.slice, rec.island, rec.host)
+        if done:
+            self._send_done({t.tenant: done})
+        return len(done)
+
+    def _c_status(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        snap = self.rm.snapshot()
+        stats = self.scheduler.statistics()
+        snap["tenants"] = [
+            {
+                "tenant": x.tenant,
+                "name": x.name,
+                "weight": x.weight,
+                "launches": x.launches,
+                "pending": x.pending,
+                "device_seconds": x.device_seconds,
+            }
+            for x in self.tenants.by_id.values()
+        ]
+        snap["queued"] = stats.queued
+        snap["inflight"] = stats.inflight
+        snap["events_total"] = self.events.total
+        snap["window"] = self.config.inflight_window
+        snap["you"] = t.tenant
+        self._reply(t, h["rid"], status=snap)
+
+    def _c_events(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        tenant = None if h.get("all") else t.tenant
+        self._reply(t, h["rid"], events=self.events.since(float(h["since"]), tenant))
+
+    def _c_probe(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.active(h["slice"], t.tenant)
+        if h["pid"] not in self._programs:
+            raise ProtocolError(f"program {h['pid']} was never sent to the controller")
+        self._ensure_program(s.host, h["pid"])
+        self._next_rid += 1
+        self._probes[self._next_rid] = (t.identity, h["rid"])
+        self._send_host(
+            s.host,
+            {
+                "t": "host_probe",
+                "rid": self._next_rid,
+                "pid": h["pid"],
+                "devices": s.devices,
+                "mesh": [[k, v] for k, v in s.mesh.items()],
+            },
+        )
+
+    def _c_inject_fault(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        host = h["host"]
+        if host in self.rm.slices:
+            host = self.rm.get(host, t.tenant).host
+        if host not in self._host_ident:
+            raise KeyError(f"no live host {host!r}; live hosts: {sorted(self._host_ident)}")
+        self._send_host(host, {"t": "fault", "match": h["match"], "kind": h["kind"]})
+        self._reply(t, h["rid"], host=host)
+
+    def _drop_tenant(self, t: Tenant, why: str) -> None:
+        if t.tenant not in self.tenants.by_id:
+            return
+        self._cancel_queued(t, f"the client went away ({why})")
+        for s in list(self.rm.slices.values()):
+            if s.tenant == t.tenant and s.state == "active":
+                self.rm.release(s.slice, t.tenant)
+                handles = self._slice_handles.pop(s.slice, set())
+                for hd in handles:
+                    self._where.pop(hd, None)
+                if handles:
+                    self.scheduler.submit(
+                        Work("drop", t.tenant, s.island, 0, body=(s.host, sorted(handles)))
+                    )
+        self.events.add("tenant_leave", t.tenant, detail=why)
+        self.tenants.remove(t.tenant)
+
+    # dispatch -----------------------------------------------------------------------
+    def _ensure_program(self, host: str, pid: str) -> None:
+        have = self._host_programs.setdefault(host, set())
+        if pid not in have:
+            p = self._programs[pid]
+            if self._send_host(
+                host,
+                {"t": "program", "pid": pid, "name": p.name, "nin": p.nin, "nout": p.nout},
+                [p.blob],
+            ):
+                have.add(pid)
+
+    def _flush(self) -> None:
+        for w in self.scheduler.dispatch():
+            if w.kind == "drop":
+                host, handles = w.body
+                self._send_host(host, {"t": "drop", "handles": handles})
+                continue
+            s, h = w.body
+            w.body = None
+            self._ensure_program(s.host, h["pid"])
+            self._send_host(
+                s.host,
+                {
+                    "t": "run",
+                    "lid": h["lid"],
+                    "slice": s.slice,
+                    "pid": h["pid"],
+                    "ins": h["ins"],
+                    "outs": h["outs"],
+                    "donate": h["donate"],
+                    "devices": s.devices,
+                    "mesh": [[k, v] for k, v in s.mesh.items()],
+                    "name": s.name,
+                },
+            )
+
+    def _statistics(self) -> ControllerStatistics:
+        return ControllerStatistics(
+            hosts=len(self.rm.hosts),
+            live_hosts=sum(1 for h in self.rm.hosts.values() if h.alive),
+            slices=sum(1 for s in self.rm.slices.values() if s.state == "active"),
+            tenants=len(self.tenants.by_id),
+            programs=len(self._programs),
+            live_handles=len(self._where),
+            launches_pending=len(self._launches),
+            events=len(self.events),
+            scheduler=self.scheduler.statistics(),
+        )

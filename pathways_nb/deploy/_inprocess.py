@@ -1,0 +1,79 @@
+"""An in-process cluster: controller, hosts and client in one process over ``inproc://``.
+
+The fast test tier, and handy for trying pathways_nb without processes. Each host owns
+a disjoint subset of this process's (simulated) devices; they share one XLA process, so
+the gang scheduler's window counts them together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import zmq
+
+from pathways_nb._core import Config
+from pathways_nb.controller import Controller
+from pathways_nb.worker import Host
+
+
+class InProcessCluster:
+    """``islands`` hosts of ``devices_per_island`` devices each, plus a controller."""
+
+    def __init__(
+        self,
+        islands: int = 2,
+        devices_per_island: int = 2,
+        config: Config | None = None,
+    ) -> None:
+        devices = jax.local_devices()
+        need = islands * devices_per_island
+        if need > len(devices):
+            raise ValueError(
+                f"{islands} islands x {devices_per_island} devices need {need} devices; this "
+                f"process has {len(devices)}. Set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={need} "
+                "before importing jax."
+            )
+        self.context: zmq.Context[Any] = zmq.Context()
+        self.config = config or Config.from_env()
+        self.controller = Controller(self.config, context=self.context, inproc=True).start()
+        self.hosts: list[Host] = []
+        for i in range(islands):
+            devs = devices[i * devices_per_island : (i + 1) * devices_per_island]
+            host = Host(
+                f"host{i}",
+                self.controller.host_address,
+                devices=devs,
+                island=f"island{i}",
+                config=self.config,
+                context=self.context,
+                inproc=True,
+            )
+            self.hosts.append(host.start())
+        self._closed = False
+
+    @property
+    def controller_address(self) -> str:
+        return self.controller.client_address
+
+    def client(self, **kwargs: Any) -> Any:
+        """A new client connected to this cluster."""
+        from pathways_nb.client import Client
+
+        return Client(controller=self.controller_address, context=self.context, **kwargs)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self.hosts:
+            h.stop()
+        self.controller.stop()
+        self.context.term()
+
+    def __enter__(self) -> InProcessCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,125 @@
+"""Message types and the fields each must carry.
+
+Every endpoint checks a message against its schema before acting on it; a message that
+fails gets an ``error`` reply and is dropped, so no peer can take a process down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pathways_nb._core import ProtocolError
+
+_INT = (int,)
+_STR = (str,)
+_LIST = (list,)
+_DICT = (dict,)
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+
+# type -> {field: allowed python types}; fields beyond these are ignored.
+SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
+    # handshake, both planes
+    "hello": {"role": _STR, "versions": _DICT},
+    "welcome": {},
+    "refuse": {"reason": _STR},
+    "error": {"message": _STR},
+    "heartbeat": {},
+    # client -> controller
+    "allocate": {"rid": _INT, "mesh": _LIST, "name": _OPT_STR},
+    "release": {"rid": _INT, "slice": _STR},
+    "program": {"pid": _STR, "name": _STR, "nin": _INT, "nout": _INT},
+    "launch": {
+        "lid": _INT,
+        "slice": _STR,
+        "pid": _STR,
+        "ins": _LIST,
+        "outs": _LIST,
+        "donate": _LIST,
+    },
+    "put_note": {"handle": _INT, "slice": _STR, "nbytes": _INT},
+    "delete": {"handles": _LIST},
+    "batch": {},
+    "status": {"rid": _INT},
+    "events": {"rid": _INT, "since": _NUM},
+    "cancel": {"rid": _INT},
+    "probe": {"rid": _INT, "slice": _STR, "pid": _STR},
+    "inject_fault": {"rid": _INT, "host": _STR, "match": _STR, "kind": _STR},
+    "bye": {},
+    # controller -> client
+    "reply": {"rid": _INT},
+    "done": {"items": _LIST},
+    "host_lost": {"host": _STR, "slices": _LIST},
+    # host -> controller
+    "register": {
+        "host": _STR,
+        "island": _STR,
+        "devices": _LIST,
+        "data_address": _STR,
+        "versions": _DICT,
+        "process": _STR,
+        "platform": _STR,
+    },
+    "acks": {"items": _LIST},
+    "host_reply": {"rid": _INT},
+    # controller -> host
+    "run": {
+        "lid": _INT,
+        "slice": _STR,
+        "pid": _STR,
+        "ins": _LIST,
+        "outs": _LIST,
+        "donate": _LIST,
+        "devices": _LIST,
+        "mesh": _LIST,
+    },
+    "drop": {"handles": _LIST},
+    "host_probe": {"rid": _INT, "pid": _STR, "devices": _LIST, "mesh": _LIST},
+    "fault": {"match": _STR, "kind": _STR},
+    "fail_outputs": {"handles": _LIST, "error": _DICT},
+    # client -> host (data plane)
+    "put": {
+        "rid": _INT,
+        "handle": _INT,
+        "shape": _LIST,
+        "dtype": _STR,
+        "spec": _LIST,
+        "devices": _LIST,
+        "mesh": _LIST,
+    },
+    "fetch": {"rid": _INT, "handle": _INT},
+    "wait": {"rid": _INT, "handle": _INT},
+    # host -> client (data plane)
+    "array": {"rid": _INT, "shape": _LIST, "dtype": _STR},
+    "failed": {"rid": _INT, "error": _DICT},
+}
+
+
+def check(header: dict[str, Any], allowed: frozenset[str] | None = None) -> str:
+    """Return the message type after checking its fields; raise ProtocolError otherwise."""
+    kind = header.get("t")
+    schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
+    if schema is None or (allowed is not None and kind not in allowed):
+        expected = sorted(allowed) if allowed is not None else sorted(SCHEMAS)
+        raise ProtocolError(f"unexpected message type {kind!r} here; expected one of {expected}")
+    for field, types in schema.items():
+        if field not in header:
+            raise ProtocolError(f"{kind!r} message lacks field {field!r}")
+        value = header[field]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = "/".join(t.__name__ for t in types)
+            raise ProtocolError(
+                f"{kind!r} message field {field!r} must be {names}; got {type(value).__name__}"
+            )
+    return str(kind)
+
+
+def error_header(message: str, rid: Any = None) -> dict[str, Any]:
+    """An ``error`` reply, echoing the request id when the request had a valid one."""
+    header: dict[str, Any] = {"t": "error", "message": message}
+    if isinstance(rid, int) and not isinstance(rid, bool):
+        header["rid"] = rid
+    return header
+
+
+__all__ = ["SCHEMAS", "check", "error_header"]

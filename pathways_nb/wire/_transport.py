@@ -1,0 +1,119 @@
+"""ZeroMQ sockets behind one small interface.
+
+Addresses are ``tcp://host:port`` between processes and ``inproc://name`` inside one
+(the in-process test tier: controller, hosts and client share one context). Every
+socket is owned by one thread; other threads reach it through an :class:`Outbox`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+_inproc_counter = itertools.count()
+
+
+def make_context() -> zmq.Context[Any]:
+    """A fresh ZeroMQ context (one per process role, or one shared in-process)."""
+    return zmq.Context()
+
+
+def new_inproc_address(prefix: str) -> str:
+    """A unique ``inproc://`` address in this process."""
+    return f"inproc://{prefix}-{os.getpid()}-{next(_inproc_counter)}"
+
+
+def _tune(sock: zmq.Socket[Any], max_bytes: int | None) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    # Never drop or block on a slow peer: queues are bounded by our own back-pressure.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if max_bytes is not None:
+        # A hard guard far above the checked limit: past it ZeroMQ drops the peer
+        # instead of buffering without end. Below it, decode() replies with an error.
+        sock.setsockopt(zmq.MAXMSGSIZE, min(2 * max_bytes, 2**62))
+
+
+def bind(
+    ctx: zmq.Context[Any],
+    kind: int,
+    address: str,
+    max_bytes: int | None = None,
+) -> tuple[zmq.Socket[Any], str]:
+    """Bind a socket; ``tcp://HOST:0`` picks a free port. Returns the socket and its address."""
+    sock = ctx.socket(kind)
+    _tune(sock, max_bytes)
+    if kind == zmq.ROUTER:
+        # Tell us (by an error on send) when a peer vanished instead of dropping silently.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if address.startswith("tcp://") and address.endswith(":0"):
+        host = address[len("tcp://") : -2]
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        return sock, f"tcp://{host}:{port}"
+    sock.bind(address)
+    return sock, address
+
+
+def connect(
+    ctx: zmq.Context[Any],
+    kind: int,
+    address: str,
+    max_bytes: int | None = None,
+    identity: bytes | None = None,
+) -> zmq.Socket[Any]:
+    """Connect a socket to ``address``."""
+    sock = ctx.socket(kind)
+    _tune(sock, max_bytes)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(address)
+    return sock
+
+
+class Outbox:
+    """Lets any thread hand frames to the thread that owns a loop.
+
+    Producers push onto an ``inproc`` PUSH socket under a lock; the owner polls the
+    matching PULL socket beside its network sockets. The first frame names the target.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], name: str) -> None:
+        self.address = new_inproc_address(name)
+        self._pull = ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.bind(self.address)
+        self._push = ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.connect(self.address)
+        self._lock = threading.Lock()
+        self._closed = False
+        # Messages pushed so far: lets the owner order side channels after them.
+        self.sent = 0
+
+    @property
+    def socket(self) -> zmq.Socket[Any]:
+        """The PULL end, for the owner's poller."""
+        return self._pull
+
+    def send(self, target: bytes, frames: Sequence[Any]) -> None:
+        """Queue ``frames`` for ``target``; safe from any thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._push.send_multipart([target, *frames], copy=False)
+            self.sent += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._push.close(0)
+        self._pull.close(0)

@@ -1,0 +1,305 @@
+"""The executor: one dispatch thread launches programs in the gang scheduler's order, one
+completion thread waits for them in the same order and acknowledges in batches.
+
+Shutdown order: stop() puts a sentinel on the dispatch queue; the dispatch thread passes
+it to the completion thread after draining; both are joined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export
+from jax.sharding import Mesh, NamedSharding
+
+from pathways_nb._core import RemoteError, encode_spec
+from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._store import ObjectStore
+
+log = logging.getLogger("pathways_nb.worker")
+
+_STOP = object()
+
+
+@dataclasses.dataclass
+class _Program:
+    name: str
+    exported: export.Exported
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorStatistics:
+    programs: int
+    executables: int
+    compiles: int
+    launches: int
+    failures: int
+
+
+class Executor:
+    """Runs ``run``/``drop``/``probe`` work items for one host, in arrival order."""
+
+    def __init__(
+        self,
+        host: str,
+        devices: Sequence[jax.Device],
+        store: ObjectStore,
+        send: Callable[[dict[str, Any]], None],
+        put_wait: float = 60.0,
+    ) -> None:
+        self.host = host
+        self._devices = {int(d.id): d for d in devices}
+        self.store = store
+        self._send = send
+        self._put_wait = put_wait
+        self._programs: dict[str, _Program] = {}
+        self._bad_programs: dict[str, RemoteError] = {}
+        self._executables: dict[tuple[Any, ...], Any] = {}
+        self._meshes: dict[tuple[Any, ...], Mesh] = {}
+        self._faults: list[tuple[str, str]] = []
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._compiles = 0
+        self._launches = 0
+        self._failures = 0
+        self._prev_end = 0.0
+
+    # lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._threads:
+            return
+        self._threads = [
+            threading.Thread(
+                target=self._dispatch_loop, name=f"pw-dispatch-{self.host}", daemon=True
+            ),
+            threading.Thread(
+                target=self._completion_loop, name=f"pw-complete-{self.host}", daemon=True
+            ),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        if not self._threads:
+            return
+        self._q.put(_STOP)
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def submit(self, kind: str, body: Any) -> None:
+        """Queue a work item; called by the host's socket thread."""
+        self._q.put((kind, body))
+
+    # programs -----------------------------------------------------------------------
+    def add_program(self, pid: str, name: str, blob: bytes) -> None:
+        if pid in self._programs:
+            return
+        try:
+            exp = export.deserialize(bytearray(blob))
+        except Exception as exc:  # a corrupt artifact is the client's problem, not ours
+            log.warning("program %s (%s) did not deserialize: %s", name, pid, exc)
+            self._bad_programs[pid] = to_remote(
+                exc, "compile", program=name, slice="", host=self.host
+            )
+            return
+        self._programs[pid] = _Program(name, exp)
+
+    def _mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:
+        key = (tuple(devices), tuple((str(a), int(n)) for a, n in mesh))
+        m = self._meshes.get(key)
+        if m is None:
+            try:
+                devs = [self._devices[int(d)] for d in devices]
+            except KeyError as exc:
+                raise RemoteError(
+                    f"device {exc.args[0]} is not on host {self.host} "
+                    f"(it has {sorted(self._devices)})",
+                    kind="invalid",
+                ) from None
+            shape = [int(n) for _, n in mesh]
+            if math.prod(shape) != len(devs):
+                raise RemoteError(f"mesh {mesh} does not fit {len(devs)} devices", kind="invalid")
+            m = Mesh(np.array(devs, dtype=object).reshape(shape), tuple(str(a) for a, _ in mesh))
+            self._meshes[key] = m
+        return m
+
+    def _executable(self, pid: str, mesh: Mesh, donate: tuple[int, ...]) -> Any:
+        key = (pid, id(mesh), donate)
+        fn = self._executables.get(key)
+        if fn is None:
+            prog = self._program(pid)
+            exp = prog.exported
+            fn = jax.jit(exp.call, in_shardings=exp.in_shardings_jax(mesh), donate_argnums=donate)
+            avals = [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+                for a, s in zip(exp.in_avals, exp.in_shardings_jax(mesh), strict=True)
+            ]
+            fn = fn.lower(*avals).compile()
+            self._compiles += 1
+            self._executables[key] = fn
+        return fn
+
+    def _program(self, pid: str) -> _Program:
+        prog = self._programs.get(pid)
+        if prog is None:
+            bad = self._bad_programs.get(pid)
+            if bad is not None:
+                raise bad
+            raise RemoteError(f"program {pid} is unknown on host {self.host}", kind="invalid")
+        return prog
+
+    # dispatch thread ----------------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is _STOP:
+                self._done.put(_STOP)
+                return
+            kind, body = item
+            try:
+                getattr(self, f"_do_{kind}")(body)
+            except Exception:
+                log.exception("host %s failed a %s item", self.host, kind)
+
+    def _do_program(self, body: Any) -> None:
+        self.add_program(*body)
+
+    def _do_drop(self, handles: list[int]) -> None:
+        self.store.drop(handles)
+
+    def _do_fault(self, body: tuple[str, str]) -> None:
+        self._faults.append(body)
+
+    def _do_fail_outputs(self, body: tuple[list[int], dict[str, Any]]) -> None:
+        handles, err = body
+        e = RemoteError.from_dict(err)
+        for h in handles:
+            if self.store.get(h) is None:
+                self.store.fail(h, e)
+
+    def _do_probe(self, h: dict[str, Any]) -> None:
+        try:
+            mesh = self._mesh(h["devices"], h["mesh"])
+            fn = self._executable(h["pid"], mesh, ())
+            specs = [
+                encode_spec(s.spec) if isinstance(s, NamedSharding) else None
+                for s in fn.output_shardings
+            ]
+            self._send({"t": "host_reply", "rid": h["rid"], "out_specs": specs})
+        except Exception as exc:
+            name = self._programs[h["pid"]].name if h["pid"] in self._programs else h["pid"]
+            err = to_remote(exc, "compile", program=name, slice="", host=self.host)
+            self._send({"t": "host_reply", "rid": h["rid"], "error": err.to_dict()})
+
+    def _take_fault(self, name: str) -> str | None:
+        for i, (match, kind) in enumerate(self._faults):
+            if match in name:
+                del self._faults[i]
+                return kind
+        return None
+
+    def _do_run(self, h: dict[str, Any]) -> None:
+        t0 = time.time()
+        lid, outs = h["lid"], h["outs"]
+        name, sname = h["pid"], h.get("name", h["slice"])
+        try:
+            prog = self._program(h["pid"])
+            name = prog.name
+            fault = self._take_fault(name)
+            if fault == "crash":
+                log.error("fault injection: host %s exits now", self.host)
+                os._exit(17)
+            if fault is not None:
+                raise RemoteError("injected fault", kind="fault_injected")
+            args = []
+            for hd in h["ins"]:
+                entry = self.store.wait(hd, self._put_wait)
+                if entry is None:
+                    raise RemoteError(
+                        f"input {hd:#x} never arrived on host {self.host} within "
+                        f"{self._put_wait:.0f} s",
+                        kind="data_loss",
+                    )
+                if entry.error is not None:
+                    raise entry.error
+                args.append(entry.value)
+            donate = tuple(sorted(int(i) for i in h["donate"]))
+            donated = [self.store.get(h["ins"][i]) for i in donate]
+            freeing = sum(e.nbytes for e in donated if e is not None)
+            need = sum(
+                math.prod(a.shape) * np.dtype(a.dtype).itemsize
+                for a in prog.exported.out_avals
+                if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+            )
+            self.store.reserve_check(need, freeing)
+            mesh = self._mesh(h["devices"], h["mesh"])
+            try:
+                fn = self._executable(h["pid"], mesh, donate)
+            except Exception as exc:
+                raise to_remote(exc, "compile", program=name, slice=sname, host=self.host) from None
+            results = fn(*args)
+            if donate:
+                self.store.drop([h["ins"][i] for i in donate])
+            leaves = jax.tree.leaves(results)
+            for hd, arr in zip(outs, leaves, strict=True):
+                self.store.set(hd, arr, int(getattr(arr, "nbytes", 0)), (name, sname))
+            self._launches += 1
+            self._done.put((lid, outs, leaves, t0, None, name, sname))
+        except Exception as exc:
+            err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
+            for hd in outs:
+                self.store.fail(hd, err)
+            self._failures += 1
+            self._done.put((lid, outs, None, t0, err, name, sname))
+
+    # completion thread --------------------------------------------------------------
+    def _completion_loop(self) -> None:
+        acks: list[Any] = []
+        while True:
+            try:
+                item = self._done.get(timeout=None if not acks else 0)
+            except queue.Empty:
+                self._send({"t": "acks", "items": acks})
+                acks = []
+                continue
+            if item is _STOP:
+                if acks:
+                    self._send({"t": "acks", "items": acks})
+                return
+            lid, outs, leaves, t0, err, name, sname = item
+            if err is None:
+                try:
+                    jax.block_until_ready(leaves)
+                except Exception as exc:
+                    err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
+                    for hd in outs:
+                        self.store.fail(hd, err)
+                    self._failures += 1
+            t1 = time.time()
+            start = max(t0, self._prev_end)
+            self._prev_end = t1
+            acks.append([lid, start, t1, err.to_dict() if err is not None else None])
+            if len(acks) >= 256:
+                self._send({"t": "acks", "items": acks})
+                acks = []
+
+    def statistics(self) -> ExecutorStatistics:
+        return ExecutorStatistics(
+            programs=len(self._programs),
+            executables=len(self._executables),
+            compiles=self._compiles,
+            launches=self._launches,
+            failures=self._failures,
+        )

@@ -1,0 +1,325 @@
+"""A worker host's socket thread: the controller connection and the data plane.
+
+One thread owns a DEALER to the controller, a ROUTER that clients ``put`` to and
+``fetch`` from directly, and an Outbox through which the executor and the fetch pool
+send. Shutdown order: stop the loop, join it, stop the executor, stop the pool, close
+the sockets.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import zmq
+from jax.sharding import NamedSharding
+
+from pathways_nb._core import (
+    BrokenError,
+    Config,
+    ProtocolError,
+    RemoteError,
+    VersionMismatchError,
+    Versions,
+    decode_spec,
+    default_config,
+    local_versions,
+)
+from pathways_nb.wire import Outbox, bind, check, connect, decode, encode, new_inproc_address
+from pathways_nb.wire._messages import error_header
+from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._executor import Executor, ExecutorStatistics
+from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
+
+log = logging.getLogger("pathways_nb.worker")
+
+_CONTROLLER_TYPES = frozenset(
+    {"welcome", "refuse", "error", "program", "run", "drop", "host_probe", "fault", "fail_outputs"}
+)
+_DATA_TYPES = frozenset({"hello", "put", "fetch", "wait"})
+_TO_CONTROLLER = b"c"
+
+
+class Host:
+    """One worker host: owns ``devices`` and serves programs the controller sends."""
+
+    def __init__(
+        self,
+        name: str,
+        controller_address: str,
+        *,
+        devices: Sequence[jax.Device] | None = None,
+        island: str | None = None,
+        config: Config | None = None,
+        context: zmq.Context[Any] | None = None,
+        bind_host: str = "127.0.0.1",
+        inproc: bool = False,
+    ) -> None:
+        self.name = name
+        self.island = island or name
+        self.config = config or default_config()
+        self.devices = list(devices if devices is not None else jax.local_devices())
+        self._controller_address = controller_address
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self._bind_host = bind_host
+        self._inproc = inproc
+        self.store = ObjectStore(self.config.store_limit_bytes)
+        self._outbox = Outbox(self._ctx, f"host-{name}")
+        self.executor = Executor(
+            name, self.devices, self.store, self._to_controller, self.config.put_wait_seconds
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
+        self._versions = local_versions()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._registered = threading.Event()
+        self._refused: str | None = None
+        self._client_ok: set[bytes] = set()
+        self._meshes: dict[tuple[Any, ...], Any] = {}
+        self.data_address = ""
+
+    # lifecycle ----------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> Host:
+        """Bind the data plane, register with the controller, start serving."""
+        if self._thread is not None:
+            return self
+        addr = (
+            new_inproc_address(f"host-{self.name}")
+            if self._inproc
+            else f"tcp://{self._bind_host}:0"
+        )
+        self._data, self.data_address = bind(
+            self._ctx, zmq.ROUTER, addr, self.config.max_data_message
+        )
+        self._ctl = connect(self._ctx, zmq.DEALER, self._controller_address)
+        self.executor.start()
+        self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)
+        self._thread.start()
+        self._to_controller(
+            {
+                "t": "register",
+                "host": self.name,
+                "island": self.island,
+                "devices": [int(d.id) for d in self.devices],
+                "data_address": self.data_address,
+                "versions": self._versions.to_dict(),
+                "process": f"{socket.gethostname()}:{os.getpid()}",
+                "platform": self.devices[0].platform if self.devices else "none",
+            }
+        )
+        if not self._registered.wait(timeout):
+            self.stop()
+            raise BrokenError(
+                f"host {self.name} got no answer from the controller at "
+                f"{self._controller_address} within {timeout:.0f} s"
+            )
+        if self._refused is not None:
+            reason = self._refused
+            self.stop()
+            raise VersionMismatchError(f"the controller refused host {self.name}: {reason}")
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None or self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._outbox.send(b"wake", [b""])
+        self._thread.join()
+        self.executor.stop()
+        self.store.fail_waiters(
+            lambda h: RemoteError(f"host {self.name} shut down", kind="data_loss", host=self.name)
+        )
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._ctl.close(0)
+        self._data.close(0)
+        self._outbox.close()
+        if self._own_ctx:
+            self._ctx.term()
+
+    def statistics(self) -> tuple[StoreStatistics, ExecutorStatistics]:
+        return self.store.statistics(), self.executor.statistics()
+
+    # called from other threads ------------------------------------------------------
+    def _to_controller(self, header: dict[str, Any]) -> None:
+        self._outbox.send(_TO_CONTROLLER, encode(header))
+
+    def _to_client(self, identity: bytes, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
+        self._outbox.send(b"d" + identity, encode(header, bufs))
+
+    # the loop -----------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._ctl, zmq.POLLIN)
+        poller.register(self._data, zmq.POLLIN)
+        poller.register(self._outbox.socket, zmq.POLLIN)
+        while not self._stopping.is_set():
+            ready = dict(poller.poll(1000))
+            if self._outbox.socket in ready:
+                self._drain_outbox()
+            if self._ctl in ready:
+                self._drain(self._ctl, self._on_controller)
+            if self._data in ready:
+                self._drain(self._data, self._on_data)
+
+    def _drain(self, sock: zmq.Socket[Any], handler: Any) -> None:
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handler(frames)
+            except Exception:
+                log.exception("host %s failed handling a message", self.name)
+
+    def _drain_outbox(self) -> None:
+        while True:
+            try:
+                frames = self._outbox.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            target = bytes(frames[0].buffer)
+            try:
+                if target == _TO_CONTROLLER:
+                    self._ctl.send_multipart(frames[1:], copy=False)
+                elif target.startswith(b"d"):
+                    self._data.send_multipart([target[1:], *frames[1:]], copy=False)
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                # The client went away before its reply; nothing to deliver.
+
+    # controller messages ------------------------------------------------------------
+    def _on_controller(self, frames: list[Any]) -> None:
+        try:
+            msg = decode(frames)
+            kind = check(msg.header, _CONTROLLER_TYPES)
+        except ProtocolError as exc:
+            log.warning("host %s dropped a bad controller message: %s", self.name, exc)
+            return
+        h = msg.header
+        if kind == "welcome":
+            self._registered.set()
+        elif kind == "refuse":
+            self._refused = h["reason"]
+            self._registered.set()
+        elif kind == "error":
+            log.warning("controller says: %s", h["message"])
+        elif kind == "program":
+            if len(msg.buffers) == 1:
+                self.executor.submit("program", (h["pid"], h["name"], bytes(msg.buffers[0])))
+        elif kind == "run":
+            self.executor.submit("run", h)
+        elif kind == "drop":
+            self.executor.submit("drop", h["handles"])
+        elif kind == "host_probe":
+            self.executor.submit("probe", h)
+        elif kind == "fault":
+            self.executor.submit("fault", (h["match"], h["kind"]))
+        elif kind == "fail_outputs":
+            self.executor.submit("fail_outputs", (h["handles"], h["error"]))
+
+    # data plane ---------------------------------------------------------------------
+    def _on_data(self, frames: list[Any]) -> None:
+        identity = bytes(frames[0].buffer)
+        try:
+            msg = decode(frames[1:], self.config.max_data_message)
+            kind = check(msg.header, _DATA_TYPES)
+        except ProtocolError as exc:
+            self._data.send_multipart([identity, *encode(error_header(str(exc)))])
+            return
+        h = msg.header
+        if kind == "hello":
+            self._hello(identity, h)
+            return
+        if identity not in self._client_ok:
+            self._data.send_multipart(
+                [identity, *encode(error_header("say hello before anything else", h.get("rid")))]
+            )
+            return
+        if kind == "put":
+            self._put(identity, h, msg.buffers)
+        elif kind in ("fetch", "wait"):
+            rid, handle = h["rid"], h["handle"]
+
+            def answer(entry: Entry) -> None:
+                self._pool.submit(self._answer, identity, rid, kind, entry)
+
+            self.store.when_present(handle, answer)
+
+    def _hello(self, identity: bytes, h: dict[str, Any]) -> None:
+        try:
+            theirs = Versions.from_dict(h["versions"])
+            why = theirs.mismatch(self._versions, "client", f"host {self.name}")
+        except ValueError as exc:
+            why = str(exc)
+        rid = h.get("rid") if isinstance(h.get("rid"), int) else 0
+        if why is None:
+            self._client_ok.add(identity)
+            self._data.send_multipart([identity, *encode({"t": "welcome", "rid": rid})])
+        else:
+            self._data.send_multipart(
+                [identity, *encode({"t": "refuse", "rid": rid, "reason": why})]
+            )
+
+    def _put(self, identity: bytes, h: dict[str, Any], bufs: list[Any]) -> None:
+        rid = h["rid"]
+        try:
+            if len(bufs) != 1:
+                raise ProtocolError("a put carries exactly one frame of array bytes")
+            dtype = np.dtype(h["dtype"])
+            shape = tuple(int(n) for n in h["shape"])
+            arr = np.frombuffer(bufs[0], dtype=dtype)
+            if arr.size != int(np.prod(shape)):
+                raise ProtocolError(
+                    f"put of shape {shape} {dtype} needs {int(np.prod(shape)) * dtype.itemsize} "
+                    f"bytes; got {len(bufs[0])}"
+                )
+            arr = arr.reshape(shape)
+            mesh = self.executor._mesh(h["devices"], h["mesh"])
+            sharding = NamedSharding(mesh, decode_spec(h["spec"]))
+            self.store.reserve_check(arr.nbytes)
+            value = jax.device_put(arr, sharding)
+            impl = h.get("key_impl")
+            if impl:
+                value = jax.random.wrap_key_data(value, impl=impl)
+            self.store.set(h["handle"], value, arr.nbytes, ("put", ""))
+            self._data.send_multipart([identity, *encode({"t": "reply", "rid": rid})])
+        except Exception as exc:
+            err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+            self.store.fail(h["handle"], err)
+            self._data.send_multipart(
+                [identity, *encode({"t": "failed", "rid": rid, "error": err.to_dict()})]
+            )
+
+    def _answer(self, identity: bytes, rid: int, kind: str, entry: Entry) -> None:
+        """On the fetch pool: wait for the array, then send it (or its error)."""
+        if entry.error is not None:
+            self._to_client(identity, {"t": "failed", "rid": rid, "error": entry.error.to_dict()})
+            return
+        value = entry.value
+        try:
+            if kind == "wait":
+                jax.block_until_ready(value)
+                self._to_client(identity, {"t": "reply", "rid": rid})
+                return
+            header: dict[str, Any] = {"t": "array", "rid": rid}
+            if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+                header["key_impl"] = str(jax.random.key_impl(value))
+                value = jax.random.key_data(value)
+            host_arr = np.ascontiguousarray(np.asarray(value))
+            header["shape"] = list(host_arr.shape)
+            header["dtype"] = host_arr.dtype.str
+            self._to_client(identity, header, [memoryview(host_arr.data).cast("B")])
+        except Exception as exc:
+            program, sname = entry.origin
+            err = to_remote(exc, "runtime", program=program, slice=sname, host=self.name)
+            self._to_client(identity, {"t": "failed", "rid": rid, "error": err.to_dict()})

@@ -1,0 +1,126 @@
+"""The object store: handle → array | error, with memory accounting and waiters.
+
+A handle is *absent* until the dispatch thread stores the program's outputs (JAX arrays
+whose computation may still be running: JAX's own async dispatch orders the rest) or an
+error. Fetches that arrive earlier park a callback instead of blocking a thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pathways_nb._core import RemoteError, ResourceExhaustedError
+
+
+@dataclasses.dataclass
+class Entry:
+    value: Any = None
+    error: RemoteError | None = None
+    nbytes: int = 0
+    # (program, slice) that made it, so late failures name their origin.
+    origin: tuple[str, str] = ("", "")
+
+
+Waiter = Callable[[Entry], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreStatistics:
+    arrays: int
+    errors: int
+    bytes: int
+    limit: int
+    waiters: int
+
+
+class ObjectStore:
+    """Thread-safe; ``limit`` bytes (0 = none) bounds the resident arrays."""
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self._entries: dict[int, Entry] = {}
+        self._waiters: dict[int, list[Waiter]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+
+    def reserve_check(self, nbytes: int, freeing: int = 0) -> None:
+        """Raise ResourceExhaustedError if ``nbytes`` more would pass the limit."""
+        if self.limit and self._bytes - freeing + nbytes > self.limit:
+            raise ResourceExhaustedError(
+                f"the object store would hold {self._bytes - freeing + nbytes} bytes, over its "
+                f"limit of {self.limit} (now {self._bytes} resident). Delete arrays you no longer "
+                "need (`del x` or `x.delete()`) or raise PATHWAYS_STORE_LIMIT_BYTES"
+            )
+
+    def set(self, handle: int, value: Any, nbytes: int, origin: tuple[str, str] = ("", "")) -> None:
+        self._set(handle, Entry(value=value, nbytes=nbytes, origin=origin))
+
+    def fail(self, handle: int, error: RemoteError) -> None:
+        self._set(handle, Entry(error=error))
+
+    def _set(self, handle: int, entry: Entry) -> None:
+        with self._lock:
+            old = self._entries.get(handle)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[handle] = entry
+            self._bytes += entry.nbytes
+            waiters = self._waiters.pop(handle, ())
+            self._cond.notify_all()
+        for w in waiters:
+            w(entry)
+
+    def when_present(self, handle: int, waiter: Waiter) -> None:
+        """Call ``waiter(entry)`` once the handle has a value or an error (maybe at once)."""
+        with self._lock:
+            entry = self._entries.get(handle)
+            if entry is None:
+                self._waiters.setdefault(handle, []).append(waiter)
+                return
+        waiter(entry)
+
+    def wait(self, handle: int, timeout: float) -> Entry | None:
+        """Block until the handle is present; None on timeout."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: handle in self._entries, timeout)
+            return self._entries[handle] if ok else None
+
+    def get(self, handle: int) -> Entry | None:
+        with self._lock:
+            return self._entries.get(handle)
+
+    def drop(self, handles: Iterable[int]) -> int:
+        n = 0
+        with self._lock:
+            for h in handles:
+                entry = self._entries.pop(h, None)
+                if entry is not None:
+                    self._bytes -= entry.nbytes
+                    n += 1
+        return n
+
+    def fail_waiters(self, make_error: Callable[[int], RemoteError]) -> None:
+        """Answer every parked waiter with an error (the host is shutting down)."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, {}
+        for h, ws in waiters.items():
+            for w in ws:
+                w(Entry(error=make_error(h)))
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def statistics(self) -> StoreStatistics:
+        with self._lock:
+            return StoreStatistics(
+                arrays=sum(1 for e in self._entries.values() if e.error is None),
+                errors=sum(1 for e in self._entries.values() if e.error is not None),
+                bytes=self._bytes,
+                limit=self.limit,
+                waiters=sum(len(w) for w in self._waiters.values()),
+            )
