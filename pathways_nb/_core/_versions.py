@@ -50,7 +50,8 @@ class Versions:
             if mine != theirs:
                 label = "pathways_nb" if name == "package" else name
                 problems.append(f"{label} {mine} on the {me}, {theirs} on the {them}")
-        if self.export_min > other.export_max or other.export_min > self.export_max:
+        known = min(self.export_min, other.export_min) >= 0
+        if known and (self.export_min > other.export_max or other.export_min > self.export_max):
             problems.append(
                 f"jax.export calling conventions {self.export_min}..{self.export_max} on the {me}, "
                 f"{other.export_min}..{other.export_max} on the {them}"
@@ -71,15 +72,23 @@ def _dist_version(name: str) -> str:
         return "unknown"
 
 
-def local_versions() -> Versions:
-    """The versions of this process."""
-    from jax import export
+def local_versions(with_export: bool = True) -> Versions:
+    """The versions of this process.
 
+    ``with_export=False`` leaves the export range unknown (-1) so that the controller,
+    which never touches programs, need not import JAX.
+    """
+    lo = hi = -1
+    if with_export:
+        from jax import export
+
+        lo = int(export.minimum_supported_calling_convention_version)
+        hi = int(export.maximum_supported_calling_convention_version)
     return Versions(
         protocol=PROTOCOL_VERSION,
         package=_dist_version("pathways_nb"),
         jax=_dist_version("jax"),
         jaxlib=_dist_version("jaxlib"),
-        export_max=int(export.maximum_supported_calling_convention_version),
-        export_min=int(export.minimum_supported_calling_convention_version),
+        export_max=hi,
+        export_min=lo,
     )

@@ -39,8 +39,8 @@ from pathways_nb.client._status import Status, events_frame
 _LOCAL_LID = 0
 
 
-def controller_address_from_scheduler(address: str, timeout: float = 30.0) -> str:
-    """Ask a Dask scheduler (with the pathways preload) where its controller listens."""
+def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Ask a Dask scheduler with the pathways preload about its controller."""
     from distributed.core import rpc
 
     result: dict[str, Any] = {}
@@ -69,7 +69,7 @@ def controller_address_from_scheduler(address: str, timeout: float = 30.0) -> st
             f"{type(exc).__name__}: {exc}. Start the scheduler with "
             "`dask scheduler --preload pathways_nb.deploy.scheduler`."
         ) from None
-    return str(result["info"]["address"])
+    return dict(result["info"])
 
 
 class Client:
@@ -108,9 +108,10 @@ class Client:
                     "pw.Client expects a cluster or an address string; "
                     f"got {type(address).__name__}"
                 )
-            controller = getattr(
-                address, "controller_address", None
-            ) or controller_address_from_scheduler(addr, timeout)
+            controller = (
+                getattr(address, "controller_address", None)
+                or ask_scheduler(addr, timeout)["address"]
+            )
         self.controller_address = controller
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
@@ -263,9 +264,9 @@ class Client:
             header["key_impl"] = str(jax.random.key_impl(value))
             dtype = value.dtype
             shape = value.shape
-            data = np.ascontiguousarray(np.asarray(jax.random.key_data(value)))
+            data = np.asarray(jax.random.key_data(value), order="C")
         else:
-            data = np.ascontiguousarray(np.asarray(value))
+            data = np.asarray(value, order="C")
             if data.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
                 data = data.astype(np.float32)
             elif data.dtype == np.int64 and not jax.config.read("jax_enable_x64"):
@@ -336,10 +337,11 @@ class Client:
                 out.append(leaf)
                 continue
             h, bufs = self._wait(fut)
+            shape, dtype = tuple(h["shape"]), np.dtype(h["dtype"])
             arr = (
-                np.frombuffer(bufs[0], dtype=np.dtype(h["dtype"])).reshape(h["shape"])
+                np.frombuffer(bufs[0], dtype=dtype).reshape(shape)
                 if bufs
-                else np.zeros(h["shape"], np.dtype(h["dtype"]))
+                else np.zeros(shape, dtype)
             )
             if h.get("key_impl"):
                 out.append(jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=h["key_impl"]))

@@ -120,7 +120,7 @@ class Controller:
         self._ctx = context or zmq.Context()
         self._bind_host = bind_host
         self._inproc = inproc
-        self.versions: Versions = local_versions()
+        self.versions: Versions = local_versions(with_export=False)
         self.rm = ResourceManager()
         self.scheduler = GangScheduler(self.config.inflight_window)
         self.tenants = Tenants()

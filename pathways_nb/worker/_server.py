@@ -315,7 +315,7 @@ class Host:
             if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
                 header["key_impl"] = str(jax.random.key_impl(value))
                 value = jax.random.key_data(value)
-            host_arr = np.ascontiguousarray(np.asarray(value))
+            host_arr = np.asarray(value, order="C")
             header["shape"] = list(host_arr.shape)
             header["dtype"] = host_arr.dtype.str
             self._to_client(identity, header, [memoryview(host_arr.data).cast("B")])

@@ -1,0 +1,82 @@
+"""pathways_nb: a Pathways-style single-controller runtime for JAX, driven from Jupyter.
+
+>>> import pathways_nb as pw
+>>> with pw.LocalCluster(islands=2, devices_per_island=4) as cluster:
+...     client = pw.Client(cluster)
+...     vs = client.allocate({"data": 4})
+
+Names load lazily, so the Dask preload modules (``pathways_nb.deploy.scheduler``,
+``pathways_nb.deploy.worker``) import neither the client, pandas, IPython nor widgets.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Client": "pathways_nb.client",
+    "RemoteArray": "pathways_nb.client",
+    "RemoteFunction": "pathways_nb.client",
+    "Status": "pathways_nb.client",
+    "TraceError": "pathways_nb.client",
+    "VirtualSlice": "pathways_nb.client",
+    "fetch": "pathways_nb.client",
+    "jit": "pathways_nb.client",
+    "LocalCluster": "pathways_nb.deploy",
+    "InProcessCluster": "pathways_nb.deploy",
+    "Config": "pathways_nb._core",
+    "PathwaysError": "pathways_nb._core",
+    "RemoteError": "pathways_nb._core",
+    "DataLossError": "pathways_nb._core",
+    "ResourceExhaustedError": "pathways_nb._core",
+    "ClosedError": "pathways_nb._core",
+    "BrokenError": "pathways_nb._core",
+    "BusyError": "pathways_nb._core",
+    "CancelledError": "pathways_nb._core",
+    "ProtocolError": "pathways_nb._core",
+    "VersionMismatchError": "pathways_nb._core",
+}
+
+__all__ = sorted([*_LAZY, "__version__"])
+
+if TYPE_CHECKING:
+    from pathways_nb._core import (
+        BrokenError,
+        BusyError,
+        CancelledError,
+        ClosedError,
+        Config,
+        DataLossError,
+        PathwaysError,
+        ProtocolError,
+        RemoteError,
+        ResourceExhaustedError,
+        VersionMismatchError,
+    )
+    from pathways_nb.client import (
+        Client,
+        RemoteArray,
+        RemoteFunction,
+        Status,
+        TraceError,
+        VirtualSlice,
+        fetch,
+        jit,
+    )
+    from pathways_nb.deploy import InProcessCluster, LocalCluster
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pathways_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

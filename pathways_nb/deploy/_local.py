@@ -1,0 +1,245 @@
+"""``pw.LocalCluster``: a real Dask cluster on this machine with pathways preloaded.
+
+The scheduler (and so the controller) runs in a process of its own, never in the
+notebook kernel; each island is one Dask worker process (under a nanny, started with
+spawn) owning ``devices_per_island`` devices. Every process watches the one that
+started it, so a killed kernel leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from pathways_nb._core import BrokenError
+from pathways_nb.client._session import ask_scheduler
+from pathways_nb.deploy._watch import PARENT_ENV
+
+
+class LocalCluster:
+    """An embedded cluster: ``islands`` hosts of ``devices_per_island`` devices each.
+
+    >>> with pw.LocalCluster(islands=2, devices_per_island=4) as cluster:
+    ...     client = pw.Client(cluster)
+
+    ``platform="cpu"`` (the default) simulates devices with XLA's host platform;
+    ``platform=None`` lets each worker use the accelerators it finds.
+    """
+
+    def __init__(
+        self,
+        islands: int = 2,
+        devices_per_island: int = 4,
+        *,
+        platform: str | None = "cpu",
+        dashboard: bool = True,
+        env: dict[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        for label, value in (("islands", islands), ("devices_per_island", devices_per_island)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{label} must be a positive integer; got {value!r}")
+        self.islands = islands
+        self.devices_per_island = devices_per_island
+        self.platform = platform
+        self._env = dict(env or {})
+        self._timeout = timeout
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="pathways-cluster-")
+        self.scheduler_address = ""
+        self.controller_address = ""
+        self.dashboard_link = ""
+        self._closed = False
+        try:
+            self._start(dashboard)
+        except BaseException:
+            self.close()
+            raise
+
+    # lifecycle ------------------------------------------------------------------------
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[PARENT_ENV] = str(os.getpid())
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self._env)
+        return env
+
+    def _spawn(self, args: list[str], env: dict[str, str], log_name: str) -> None:
+        log = open(os.path.join(self._tmp.name, log_name), "wb")  # noqa: SIM115
+        p = subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self._procs.append(p)
+
+    def _start(self, dashboard: bool) -> None:
+        sched_file = os.path.join(self._tmp.name, "scheduler.json")
+        self._spawn(
+            [
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                "127.0.0.1:0" if dashboard else ":0",
+                *([] if dashboard else ["--no-dashboard"]),
+                "--scheduler-file",
+                sched_file,
+                "--preload",
+                "pathways_nb.deploy.scheduler",
+            ],
+            self._base_env(),
+            "scheduler.log",
+        )
+        deadline = time.monotonic() + self._timeout
+        while not os.path.exists(sched_file):
+            self._check_alive("the Dask scheduler")
+            if time.monotonic() > deadline:
+                raise BrokenError(
+                    f"the Dask scheduler did not start within {self._timeout:.0f} s"
+                    + self._logs_hint()
+                )
+            time.sleep(0.05)
+        time.sleep(0.05)
+        with open(sched_file) as f:
+            info = json.load(f)
+        self.scheduler_address = info["address"]
+        port = info.get("services", {}).get("dashboard")
+        if dashboard and port:
+            self.dashboard_link = f"http://127.0.0.1:{port}/status"
+        wenv = self._base_env()
+        if self.platform == "cpu":
+            wenv["JAX_PLATFORMS"] = "cpu"
+            wenv["PATHWAYS_CPU_DEVICES"] = str(self.devices_per_island)
+            flags = wenv.get("XLA_FLAGS", "")
+            wenv["XLA_FLAGS"] = (
+                f"{flags} --xla_force_host_platform_device_count={self.devices_per_island}"
+            ).strip()
+        for i in range(self.islands):
+            self._spawn(
+                [
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    self.scheduler_address,
+                    "--name",
+                    f"island{i}",
+                    "--nworkers",
+                    "1",
+                    "--nthreads",
+                    "1",
+                    "--memory-limit",
+                    "0",
+                    "--death-timeout",
+                    "20",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    "--preload",
+                    "pathways_nb.deploy.worker",
+                    "--preload-nanny",
+                    "pathways_nb.deploy.nanny",
+                ],
+                wenv,
+                f"worker{i}.log",
+            )
+        self.wait_for_hosts(self.islands, deadline - time.monotonic())
+
+    def wait_for_hosts(self, n: int, timeout: float = 60.0) -> None:
+        """Block until the controller has ``n`` live hosts."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive("a cluster process")
+            try:
+                info: dict[str, Any] | None = ask_scheduler(self.scheduler_address, 5)
+            except BrokenError:
+                info = None  # not up yet
+            if info is not None:
+                self.controller_address = info["address"]
+                if info["live_hosts"] >= n:
+                    return
+            if time.monotonic() > deadline:
+                raise BrokenError(
+                    f"the cluster has {0 if info is None else info['live_hosts']} of {n} hosts "
+                    f"after {timeout:.0f} s" + self._logs_hint()
+                )
+            time.sleep(0.1)
+
+    def _check_alive(self, what: str) -> None:
+        for p in self._procs[:1]:
+            if p.poll() is not None:
+                raise BrokenError(f"{what} exited with code {p.returncode}" + self._logs_hint())
+
+    def _logs_hint(self) -> str:
+        tails = []
+        for name in sorted(os.listdir(self._tmp.name)):
+            if name.endswith(".log"):
+                with open(os.path.join(self._tmp.name, name), "rb") as f:
+                    text = f.read().decode(errors="replace").strip().splitlines()[-15:]
+                tails.append(f"--- {name} ---\n" + "\n".join(text))
+        return ("\n" + "\n".join(tails)) if tails else ""
+
+    def logs(self) -> dict[str, str]:
+        """The scheduler's and workers' output so far."""
+        out = {}
+        for name in sorted(os.listdir(self._tmp.name)):
+            if name.endswith(".log"):
+                with open(os.path.join(self._tmp.name, name), "rb") as f:
+                    out[name[:-4]] = f.read().decode(errors="replace")
+        return out
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker CLIs (nannies), one per island."""
+        return [p.pid for p in self._procs[1:]]
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop every process of the cluster. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # Workers first (their nannies take the worker processes along), then the scheduler.
+        for group in (self._procs[1:], self._procs[:1]):
+            for p in group:
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for p in group:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close(timeout=5)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else self.scheduler_address
+        dash = f", dashboard {self.dashboard_link}" if self.dashboard_link else ""
+        return (
+            f"<pathways_nb.LocalCluster {self.islands} islands x {self.devices_per_island} "
+            f"{self.platform or 'local'} devices at {state}{dash}>"
+        )

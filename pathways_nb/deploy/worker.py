@@ -1,0 +1,62 @@
+"""Dask worker preload: run a pathways host in the worker process.
+
+    dask worker SCHEDULER --preload pathways_nb.deploy.worker
+
+``PATHWAYS_CPU_DEVICES=N`` gives the host N simulated CPU devices (set before JAX
+starts). The island is the worker's ``--name`` (stable across nanny restarts).
+Imports no client, pandas, IPython or widgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("pathways_nb.deploy")
+
+_HOST_ATTR = "_pathways_host"
+
+
+def _configure_jax() -> None:
+    import jax
+
+    n = os.environ.get("PATHWAYS_CPU_DEVICES")
+    if n:
+        jax.config.update("jax_num_cpu_devices", int(n))
+    cache = os.environ.get(
+        "PATHWAYS_COMPILATION_CACHE", os.path.expanduser("~/.cache/pathways_nb/jax")
+    )
+    if cache and cache != "0":
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+async def dask_setup(worker: Any) -> None:
+    """Preload hook: start the host and register it with the controller."""
+    from pathways_nb.worker import Host
+
+    info = await worker.scheduler.pathways_controller()
+    loop = asyncio.get_running_loop()
+
+    def start() -> Host:
+        _configure_jax()
+        island = str(worker.name) if worker.name is not None else worker.address
+        host = Host(
+            worker.address, info["host_address"], island=island, bind_host=worker.ip or "127.0.0.1"
+        )
+        return host.start()
+
+    # JAX start-up and the registration handshake take a while: keep the worker's
+    # event loop free meanwhile.
+    host = await loop.run_in_executor(None, start)
+    setattr(worker, _HOST_ATTR, host)
+    log.info("pathways host %s serving %d devices", host.name, len(host.devices))
+
+
+async def dask_teardown(worker: Any) -> None:
+    """Preload hook: stop the host."""
+    host = getattr(worker, _HOST_ATTR, None)
+    if host is not None:
+        await asyncio.get_running_loop().run_in_executor(None, host.stop)
