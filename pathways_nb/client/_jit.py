@@ -136,7 +136,10 @@ class RemoteFunction:
         leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
         avals = [_abstract_leaf(x) for x in leaves]
         fn = jax.jit(lambda *xs: self._apply(jax.tree.unflatten(treedef, list(xs)), static))
-        return fn.lower(*avals)
+        remote = next((x for x in leaves if _is_remote(x)), None)
+        vs = self.slice or (remote.slice if remote is not None else None)
+        platform = vs.platform if vs is not None else jax.default_backend()
+        return fn.trace(*avals).lower(lowering_platforms=(platform,))
 
     # helpers used by the client ------------------------------------------------------
     def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

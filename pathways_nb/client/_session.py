@@ -357,7 +357,7 @@ class Client:
         err = self._error_of(x)
         if err is not None:
             raise err
-        x.slice.check_active() if x.slice.state == "lost" else None
+        x.slice.check_active()
         return self._io.host_request(x.slice.data_address, {"t": kind, "handle": x.handle})
 
     def _wait(self, fut: Any) -> Any:
@@ -515,23 +515,30 @@ class Client:
     def _op(self, key: str, fn: Any, *args: Any) -> Any:
         """A small program on the first RemoteArray's slice (arithmetic, indexing)."""
         x = next(a for a in args if isinstance(a, RemoteArray))
-        k = (key, x.slice.id)
+        # Python scalars become constants of the program (one program per value), so
+        # `x * 0.5` in a loop sends no array; arrays travel as arguments.
+        consts = tuple(
+            (i, type(a).__name__, a)
+            for i, a in enumerate(args)
+            if isinstance(a, int | float | bool)
+        )
+        k = (key, x.slice.id, consts)
         f = self._ops.get(k)
         if f is None:
-            f = jit(fn, slice=x.slice, name=key)
+            fixed = {i: a for i, _, a in consts}
+
+            def bound(*dyn: Any) -> Any:
+                it = iter(dyn)
+                full = [fixed[i] if i in fixed else next(it) for i in range(len(args))]
+                return fn(*full)
+
+            f = jit(bound, slice=x.slice, name=key)
             self._ops[k] = f
-        return f(*args)
+        return f(*(a for a in args if not isinstance(a, int | float | bool)))
 
     def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
-        try:
-            hash(index)
-            idx = index
-        except TypeError:
-            raise TypeError(
-                "RemoteArray indexing takes ints, slices, None and Ellipsis (static indices); "
-                f"got {type(index).__name__}. Index inside a pw.jit function for dynamic indices."
-            ) from None
-        return self._op(f"getitem[{_index_key(idx)}]", lambda a: a[idx], x)
+        key = _index_key(index)
+        return self._op(f"getitem[{key}]", lambda a: a[index], x)
 
     # notifications from the IO thread -------------------------------------------------
     def _on_push(self, h: dict[str, Any]) -> None:
@@ -581,10 +588,11 @@ class Client:
         """Test hook: the next program whose name contains ``match`` on that host fails.
 
         ``kind="error"`` stores an error in its outputs; ``kind="crash"`` kills the host
-        process (a real host loss).
+        process (a real host loss); ``kind="delay:2.5"`` holds the host's queue for that
+        long before running it.
         """
-        if kind not in ("error", "crash"):
-            raise ValueError(f"kind must be 'error' or 'crash'; got {kind!r}")
+        if kind not in ("error", "crash") and not kind.startswith("delay:"):
+            raise ValueError(f"kind must be 'error', 'crash' or 'delay:SECONDS'; got {kind!r}")
         target = where.id if isinstance(where, VirtualSlice) else str(where)
         self._ask({"t": "inject_fault", "host": target, "match": match, "kind": kind})
 
@@ -603,7 +611,20 @@ class Client:
 
 
 def _index_key(idx: Any) -> str:
-    return repr(idx)
+    """A stable text key for a static index; anything dynamic is refused with advice."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    out = []
+    for p in parts:
+        if isinstance(p, slice):
+            out.append(f"{p.start}:{p.stop}:{p.step}")
+        elif p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool)):
+            out.append(repr(p))
+        else:
+            raise TypeError(
+                "RemoteArray indexing takes ints, slices, None and Ellipsis (static indices); "
+                f"got {type(p).__name__}. Index inside a pw.jit function for dynamic indices."
+            )
+    return ",".join(out)
 
 
 def fetch(tree: Any) -> Any:

@@ -221,7 +221,11 @@ class Executor:
             if fault == "crash":
                 log.error("fault injection: host %s exits now", self.host)
                 os._exit(17)
-            if fault is not None:
+            if fault is not None and fault.startswith("delay:"):
+                # Holds this host's queue, as a slow program would: tests use it to
+                # observe queueing, back-pressure and cancellation deterministically.
+                time.sleep(float(fault.split(":", 1)[1]))
+            elif fault is not None:
                 raise RemoteError("injected fault", kind="fault_injected")
             args = []
             for hd in h["ins"]:
@@ -281,7 +285,7 @@ class Executor:
             lid, outs, leaves, t0, err, name, sname = item
             if err is None:
                 try:
-                    jax.block_until_ready(leaves)
+                    _wait_outputs(leaves)
                 except Exception as exc:
                     err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
                     for hd in outs:
@@ -303,3 +307,17 @@ class Executor:
             launches=self._launches,
             failures=self._failures,
         )
+
+
+def _wait_outputs(leaves: list[Any]) -> None:
+    """Wait for a launch's outputs; an output a later launch already donated is done."""
+    for leaf in leaves:
+        if leaf.is_deleted():
+            continue
+        try:
+            leaf.block_until_ready()
+        except Exception:
+            # Donated between the check and the wait: a later program consumed it,
+            # so it was computed. Anything else is the program's own failure.
+            if not leaf.is_deleted():
+                raise

@@ -1,0 +1,235 @@
+"""Programs on an in-process cluster give the numbers plain JAX gives."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb.deploy._demo import init_params, loss_fn, make_data, train_step
+
+
+def test_put_fetch_roundtrip_dtypes_and_specs(client: pw.Client) -> None:
+    vs = client.allocate({"data": 4})
+    rng = np.random.default_rng(0)
+    cases = [
+        (rng.standard_normal((8, 3)).astype(np.float32), P("data")),
+        (rng.integers(-5, 5, (4, 8)).astype(np.int32), P(None, "data")),
+        (np.arange(6, dtype=np.uint8).reshape(2, 3), P()),
+        (np.array(3.5, np.float32), P()),
+        (rng.standard_normal((4,)).astype(np.float16), P("data")),
+        (np.array([True, False, True, True]), P("data")),
+    ]
+    remotes = [vs.put(a, spec) for a, spec in cases]
+    for (a, spec), r in zip(cases, remotes, strict=True):
+        assert r.shape == a.shape and np.dtype(r.dtype) == a.dtype and r.spec == spec
+        out = r.fetch()
+        assert out.dtype == a.dtype and out.shape == a.shape
+        np.testing.assert_array_equal(out, a)
+    tree = pw.fetch({"a": remotes[0], "b": [remotes[3], 7]})
+    np.testing.assert_array_equal(tree["a"], cases[0][0])
+    assert tree["b"][1] == 7 and float(tree["b"][0]) == 3.5
+
+
+def test_float64_input_follows_jax_default_dtype(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.arange(4.0), P("data"))
+    assert np.dtype(x.dtype) == np.float32
+    np.testing.assert_array_equal(x.fetch(), np.arange(4.0, dtype=np.float32))
+
+
+def test_sharded_program_matches_plain_jax(client: pw.Client) -> None:
+    vs = client.allocate({"data": 4})
+    rng = np.random.default_rng(1)
+    w_np = rng.standard_normal((64, 64)).astype(np.float32)
+    x_np = rng.standard_normal((128, 64)).astype(np.float32)
+    w, x = vs.put(w_np, P()), vs.put(x_np, P("data"))
+
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w).sum(0)
+
+    y = pw.jit(f)(w, x)
+    assert y.shape == (64,) and np.dtype(y.dtype) == np.float32
+    np.testing.assert_allclose(np.asarray(y), jax.jit(f)(w_np, x_np), rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_forward_gradient_and_twenty_steps_match_plain_jax(client: pw.Client) -> None:
+    vs = client.allocate({"data": 4})
+    sizes = (16, 32, 4)
+    params_np = init_params(sizes)
+    x_np, y_np = make_data(64, sizes[0], sizes[-1])
+    params = {k: vs.put(v, P()) for k, v in params_np.items()}
+    x, y = vs.put(x_np, P("data")), vs.put(y_np, P("data"))
+
+    loss_remote = pw.jit(loss_fn)(params, x, y)
+    grads_remote = pw.jit(jax.grad(loss_fn))(params, x, y)
+    np.testing.assert_allclose(float(loss_remote), loss_fn(params_np, x_np, y_np), rtol=1e-6)
+    ref_grads = jax.grad(loss_fn)(params_np, x_np, y_np)
+    got = pw.fetch(grads_remote)
+    for k in params_np:
+        np.testing.assert_allclose(got[k], ref_grads[k], rtol=1e-5, atol=1e-6)
+
+    step = pw.jit(train_step, donate_argnums=0)
+    ref_step = jax.jit(train_step)
+    ref_params = jax.tree.map(jnp.asarray, params_np)
+    losses, ref_losses = [], []
+    for _ in range(20):
+        params, loss = step(params, x, y)
+        ref_params, ref_loss = ref_step(ref_params, x_np, y_np)
+        losses.append(loss)
+        ref_losses.append(float(ref_loss))
+    np.testing.assert_allclose([float(v) for v in pw.fetch(losses)], ref_losses, rtol=1e-5)
+    assert ref_losses[-1] < ref_losses[0]
+
+
+def test_metadata_known_before_the_program_runs(client: pw.Client) -> None:
+    vs = client.allocate({"data": 4})
+    client.inject_fault(vs, match="slow_square", kind="delay:0.5")
+    x = vs.put(np.ones((8, 4), np.float32), P("data"))
+
+    @pw.jit
+    def slow_square(x: jax.Array) -> jax.Array:
+        return x * x
+
+    y = slow_square(x)
+    assert (y.shape, np.dtype(y.dtype), y.ndim, y.size, y.nbytes) == (
+        (8, 4),
+        np.float32,
+        2,
+        32,
+        128,
+    )
+    assert y.sharding.spec == P("data")
+    assert not y.is_ready()
+    assert "pending" in repr(y)
+    y.block_until_ready()
+    assert y.is_ready() or client.pending() <= 1
+
+
+def test_retracing_follows_jax_rules(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    f = pw.jit(lambda x, n: x * n, static_argnums=1)
+    a = vs.put(np.ones(4, np.float32), P("data"))
+    b = vs.put(np.ones(6, np.float32), P("data"))
+    c = vs.put(np.ones(4, np.int32), P("data"))
+    d = vs.put(np.ones(4, np.float32), P())
+    f(a, 2)
+    f(a, 2)
+    assert len(f._programs) == 1
+    f(b, 2)  # new shape
+    f(c, 2)  # new dtype
+    f(d, 2)  # new sharding
+    out = f(a, 3)  # new static argument
+    assert len(f._programs) == 5
+    np.testing.assert_array_equal(out.fetch(), np.full(4, 3.0, np.float32))
+
+
+def test_donation_deletes_the_argument(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+    f = pw.jit(lambda x: x + 1, donate_argnums=0)
+    y = f(x)
+    np.testing.assert_array_equal(y.fetch(), np.arange(1, 5, dtype=np.float32))
+    assert x.is_deleted()
+    with pytest.raises(pw.ClosedError, match="deleted or donated"):
+        x.fetch()
+    with pytest.raises(pw.ClosedError):
+        f(x)
+
+
+def test_slice_selection_rules(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    assert a.island != b.island  # the resource manager spreads slices
+    f = pw.jit(lambda x: x + 1)
+    xa = a.put(np.zeros(2, np.float32), P("x"))
+    xb = b.put(np.zeros(2, np.float32), P("x"))
+    assert f(xa).slice is a and f(xb).slice is b
+    with pytest.raises(ValueError, match="different slices"):
+        pw.jit(lambda x, y: x + y)(xa, xb)
+    pinned = pw.jit(lambda x: x * 2, slice=b)
+    with pytest.raises(ValueError, match="pinned"):
+        pinned(xa)
+    g = pw.jit(lambda: jnp.arange(4.0))
+    with b:
+        assert g().slice is b
+    assert g().slice is client.default_slice
+
+
+def test_host_callbacks_fail_at_trace_time(client: pw.Client) -> None:
+    vs = client.allocate({"x": 2})
+
+    @pw.jit
+    def noisy(x: jax.Array) -> jax.Array:
+        jax.debug.print("x = {}", x)
+        return x
+
+    with pytest.raises(pw.TraceError, match="host callback"):
+        noisy(vs.put(np.ones(2, np.float32)))
+
+
+def test_eval_shape_and_lower_work_as_in_jax(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones((4, 3), np.float32), P("data"))
+    f = pw.jit(lambda x: (x.sum(1), x.T))
+    shapes = f.eval_shape(x)
+    assert shapes[0].shape == (4,) and shapes[1].shape == (3, 4)
+    text = f.lower(x).as_text()
+    assert "stablehlo" in text or "mhlo" in text
+
+
+def test_remote_array_arithmetic_and_indexing(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    a_np = np.arange(12, dtype=np.float32).reshape(4, 3)
+    a = vs.put(a_np, P("data"))
+    b = vs.put(np.full((4, 3), 2.0, np.float32), P("data"))
+    np.testing.assert_array_equal(np.asarray(a + b), a_np + 2)
+    np.testing.assert_array_equal(np.asarray(a * 0.5), a_np * 0.5)
+    np.testing.assert_array_equal(np.asarray(1 - a), 1 - a_np)
+    np.testing.assert_array_equal(np.asarray(-a), -a_np)
+    np.testing.assert_array_equal(np.asarray(a[1]), a_np[1])
+    np.testing.assert_array_equal(np.asarray(a[:, 1:]), a_np[:, 1:])
+    np.testing.assert_array_equal(np.asarray(a.T), a_np.T)
+    np.testing.assert_array_equal(np.asarray(a.sum(0)), a_np.sum(0))
+    np.testing.assert_array_equal(np.asarray(a @ a.T), a_np @ a_np.T)
+    assert float(a.mean()) == pytest.approx(a_np.mean())
+    assert (a > 5).fetch().tolist() == (a_np > 5).tolist()
+
+
+def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:
+    vs = client.allocate({"x": 2})
+    key = jax.random.key(42)
+    k = vs.put(key)
+    back = k.fetch()
+    assert jax.dtypes.issubdtype(back.dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(back), jax.random.key_data(key))
+    sample = pw.jit(lambda k: jax.random.normal(k, (4,)))(k)
+    np.testing.assert_allclose(sample.fetch(), jax.random.normal(key, (4,)), rtol=1e-6)
+    split = pw.jit(lambda k: jax.random.split(k, 3))(k)
+    np.testing.assert_array_equal(
+        jax.random.key_data(split.fetch()), jax.random.key_data(jax.random.split(key, 3))
+    )
+
+
+def test_many_dependent_calls_are_submitted_without_waiting(client: pw.Client) -> None:
+    vs = client.allocate({"data": 4})
+    x = vs.put(np.ones((64, 64), np.float32), P("data"))
+    client.inject_fault(vs, match="step", kind="delay:1.0")
+
+    @pw.jit
+    def step(x: jax.Array) -> jax.Array:
+        return x * 1.0001
+
+    for _ in range(1000):
+        x = step(x)
+    # The first launch holds the host for a second, so every launch is still queued
+    # when submission returns: nothing waited for a reply.
+    assert client.pending() >= 999
+    np.testing.assert_allclose(x.fetch(), np.full((64, 64), 1.0001**1000, np.float32), rtol=1e-4)
+    client.wait_all(timeout=60)
+    ev = client.events()
+    ends = ev[(ev.kind == "end") & (ev.program == "step")]
+    assert len(ends) == 1000
