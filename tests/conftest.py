@@ -9,11 +9,11 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Iterator
 
-import pytest  # noqa: E402
+import pytest
 
-import pathways_nb as pw  # noqa: E402
+import pathways_nb as pw
 
 
 @pytest.fixture(scope="session")

@@ -228,14 +228,6 @@ class RemoteFunction:
         out_holder: list[Any] = []
         in_specs = self._leaf_specs(treedef)
 
-        out_sh: Any = None
-        if user_out is not None:
-            out_sh = jax.tree.map(
-                lambda s: NamedSharding(am, _spec_of(s) or PartitionSpec()),
-                user_out,
-                is_leaf=_is_spec_leaf,
-            )
-
         def flat(*leaves: Any) -> list[Any]:
             xs = list(leaves)
             for i, spec in enumerate(in_specs):
@@ -244,15 +236,17 @@ class RemoteFunction:
                 if spec is not None and xs[i].ndim and spec != avals[i].sharding.spec:
                     xs[i] = jax.lax.with_sharding_constraint(xs[i], NamedSharding(am, spec))
             out = self._apply(jax.tree.unflatten(treedef, xs), static)
-            if out_sh is not None:
-                out = jax.lax.with_sharding_constraint(out, out_sh)
             flat_out, out_tree = jax.tree.flatten(out)
             out_holder.append(out_tree)
             return flat_out
 
         in_sh = [a.sharding for a in avals]
         try:
-            jitted = jax.jit(flat, in_shardings=in_sh, donate_argnums=donate)
+            out_sh: Any = None
+            if user_out is not None:
+                jax.eval_shape(flat, *avals)  # learn the output tree
+                out_sh = [NamedSharding(am, s) for s in _broadcast_specs(user_out, out_holder[-1])]
+            jitted = jax.jit(flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate)
             exp = export.export(jitted, platforms=(vs.platform,))(*avals)
             blob = bytes(exp.serialize())
         except NotImplementedError as exc:
@@ -285,6 +279,22 @@ class RemoteFunction:
             donate=donate,
             platform=vs.platform,
         )
+
+
+def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec]:
+    """One PartitionSpec per output leaf from ``out_shardings`` given as a tree prefix."""
+    specs, prefix_def = jax.tree.flatten(prefix, is_leaf=_is_spec_leaf)
+    full = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
+    try:
+        subtrees = prefix_def.flatten_up_to(full)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"out_shardings {prefix!r} does not match the structure of the outputs: {exc}"
+        ) from None
+    out: list[PartitionSpec] = []
+    for spec, sub in zip(specs, subtrees, strict=True):
+        out.extend([_spec_of(spec) or PartitionSpec()] * len(jax.tree.leaves(sub)))
+    return out
 
 
 def _is_spec_leaf(x: Any) -> bool:

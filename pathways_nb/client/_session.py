@@ -195,6 +195,8 @@ class Client:
         h, _ = self._io.request(header).result(timeout)
         if "error" in h:
             err = h["error"]
+            if "traceback" in err:  # a host's RemoteError, passed along by the controller
+                raise RemoteError.from_dict(err)
             kind = err.get("kind")
             cls: type[Exception] = {
                 "BusyError": BusyError,
@@ -461,8 +463,6 @@ class Client:
             # The compiler picks these layouts; ask the host once, as jax.jit's first call
             # compiles before it returns.
             h = self._ask({"t": "probe", "slice": vs.id, "pid": prog.pid}, timeout=None)
-            if "error" in h:
-                raise RemoteError.from_dict(h["error"])
             prog.out_specs = [
                 decode_spec(s) if s is not None else PartitionSpec() for s in h["out_specs"]
             ]

@@ -1,0 +1,179 @@
+"""Errors are values: failures reach the notebook as one readable exception."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb._core import Config
+
+
+def test_injected_fault_fails_outputs_and_consumers_with_same_cause(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    client.inject_fault(vs, match="producer")
+    x = vs.put(np.ones(4, np.float32), P("data"))
+    producer = pw.jit(lambda x: x + 1, name="producer")
+    consumer = pw.jit(lambda x: x * 2, name="consumer")
+    y = producer(x)
+    z = consumer(y)
+    with pytest.raises(pw.RemoteError) as info:
+        z.fetch()
+    err = info.value
+    assert err.kind == "fault_injected"
+    assert err.program == "producer" and err.host == vs.host and err.slice
+    assert "injected fault" in str(err) and "producer" in str(err)
+    with pytest.raises(pw.RemoteError, match="injected fault"):
+        y.fetch()
+    # The host keeps serving: the next program on the same slice runs.
+    np.testing.assert_array_equal(producer(x).fetch(), np.full(4, 2.0, np.float32))
+    rendered = "\n".join(err._render_traceback_())
+    assert "RemoteError" in rendered and "producer" in rendered
+
+
+def test_compile_failure_on_the_host(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones(4, np.float32), P("data"))
+    # A program exported for an accelerator the host does not have fails to compile there.
+    vs.platform = "cuda"
+    f = pw.jit(lambda x: x + 1, out_shardings=P("data"), name="wrong_platform")
+    y = f(x)
+    with pytest.raises(pw.RemoteError) as info:
+        y.fetch()
+    assert info.value.kind == "compile"
+    assert info.value.program == "wrong_platform" and info.value.host == vs.host
+    assert "cuda" in str(info.value).lower() or "platform" in info.value.remote_traceback.lower()
+    vs.platform = "cpu"
+    np.testing.assert_array_equal(pw.jit(lambda x: x - 1)(x).fetch(), np.zeros(4, np.float32))
+
+
+def test_store_memory_limit() -> None:
+    with pw.InProcessCluster(1, 2, config=Config(store_limit_bytes=64 * 1024)) as c:
+        client = c.client()
+        vs = client.allocate({"data": 2})
+        small = vs.put(np.ones(4096, np.float32), P("data"))  # 16 KiB
+        big = vs.put(np.ones(32 * 1024, np.float32), P("data"))  # 128 KiB: over the limit
+        with pytest.raises(pw.ResourceExhaustedError, match="limit"):
+            big.fetch()
+        grow = pw.jit(lambda x: jax.numpy.tile(x, 8), name="grow")  # 128 KiB output
+        with pytest.raises(pw.ResourceExhaustedError) as info:
+            grow(small).fetch()
+        assert info.value.program == "grow"
+        np.testing.assert_array_equal((small + 1).fetch(), np.full(4096, 2.0, np.float32))
+        client.close()
+
+
+def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones(4, np.float32), P("data"))
+    y = vs.put(np.ones(4, np.float32), P("data"))
+    y.delete()
+    with pytest.raises(pw.ClosedError, match="deleted"):
+        y.fetch()
+    with pytest.raises(pw.ClosedError, match="deleted"):
+        pw.jit(lambda a: a)(y)
+    vs.release()
+    vs.release()  # twice is fine
+    for action in (lambda: x.fetch(), lambda: vs.put(np.ones(2)), lambda: pw.jit(lambda a: a)(x)):
+        with pytest.raises(pw.ClosedError, match="released"):
+            action()
+    # The devices are free again.
+    again = client.allocate({"data": 4})
+    assert again.size == 4
+
+
+def test_allocate_errors_say_what_is_free(client: pw.Client) -> None:
+    with pytest.raises(pw.BusyError, match="free devices per island"):
+        client.allocate({"data": 64})
+    with pytest.raises(ValueError, match="named mesh"):
+        client.allocate({})
+    with pytest.raises(ValueError, match="positive integers"):
+        client.allocate({"data": 0})
+    vs = client.allocate({"data": 2}, name="train")
+    with pytest.raises(ValueError, match="already has an active slice named 'train'"):
+        client.allocate({"data": 2}, name="train")
+    with pytest.raises(ValueError, match="names axis 'model'"):
+        vs.put(np.ones(4), P("model"))
+    with pytest.raises(ValueError, match="does not split evenly"):
+        vs.put(np.ones(3), P("data"))
+
+
+def test_no_slice_is_a_clear_error(cluster: pw.InProcessCluster) -> None:
+    with cluster.client() as c:
+        with pytest.raises(ValueError, match="no slice to run on"):
+            pw.jit(lambda: jax.numpy.zeros(2))()
+        assert c.pending() == 0
+
+
+def test_cancel_drops_queued_launches(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    client.inject_fault(vs, match="work", kind="delay:0.5")
+    x = vs.put(np.ones(2, np.float32), P("data"))
+    work = pw.jit(lambda x: x + 1, name="work")
+    outs = [work(x) for _ in range(200)]
+    cancelled = client.cancel()
+    assert 0 < cancelled <= 200
+    client.wait_all(timeout=30)
+    failed = 0
+    for o in outs:
+        try:
+            o.fetch()
+        except pw.RemoteError as exc:
+            assert exc.kind == "cancelled"
+            failed += 1
+    assert failed == cancelled
+
+
+def test_backpressure_bounds_queued_launches(cluster: pw.InProcessCluster) -> None:
+    with cluster.client() as c:
+        c.max_queued = 8
+        vs = c.allocate({"data": 2})
+        c.inject_fault(vs, match="slow", kind="delay:0.3")
+        x = vs.put(np.ones(2, np.float32), P("data"))
+        slow = pw.jit(lambda x: x + 1, name="slow")
+        peak = 0
+        for _ in range(40):
+            x = slow(x)
+            peak = max(peak, c.pending())
+        assert peak <= 8
+        np.testing.assert_array_equal(x.fetch(), np.full(2, 41.0, np.float32))
+
+
+def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach only the main thread")
+    vs = client.allocate({"data": 2})
+    client.inject_fault(vs, match="held", kind="delay:1.0")
+    x = vs.put(np.ones(2, np.float32), P("data"))
+    held = pw.jit(lambda x: x + 1, name="held")
+    outs = [held(x) for _ in range(50)]
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        # Wait until the main thread is blocked in fetch, then press "interrupt kernel".
+        deadline = time.monotonic() + 10
+        while client._io._futures == {} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        outs[-1].fetch()
+    t.join()
+    client.wait_all(timeout=30)
+    kinds = set()
+    for o in outs:
+        try:
+            o.fetch()
+            kinds.add("ok")
+        except pw.RemoteError as exc:
+            kinds.add(exc.kind)
+    assert "cancelled" in kinds

@@ -1,0 +1,226 @@
+"""The resource manager as a state machine: hosts in, virtual slices out."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathways_nb._core import BusyError, ClosedError
+from pathways_nb.controller import HostInfo, ResourceManager, SliceInfo
+
+
+def host(name: str, n: int, island: str | None = None) -> HostInfo:
+    return HostInfo(
+        host=name,
+        island=island or f"island-{name}",
+        devices=list(range(n)),
+        data_address=f"inproc://{name}",
+        process="p0",
+        platform="cpu",
+    )
+
+
+def manager(*hosts: HostInfo) -> ResourceManager:
+    rm = ResourceManager()
+    for h in hosts:
+        rm.add_host(h)
+    return rm
+
+
+def used(rm: ResourceManager) -> dict[str, list[int]]:
+    return {h["host"]: h["used"] for h in rm.snapshot()["hosts"]}
+
+
+def test_allocate_takes_the_first_free_devices_of_one_host() -> None:
+    rm = manager(host("a", 4))
+    mesh = {"data": 2, "model": 1}
+    s = rm.allocate(tenant=1, mesh=mesh, name=None)
+    mesh["data"] = 99  # the slice keeps its own copy
+    assert s == SliceInfo(
+        slice="s1",
+        name="s1",
+        tenant=1,
+        mesh={"data": 2, "model": 1},
+        island="island-a",
+        host="a",
+        devices=[0, 1],
+    )
+    assert s.size == 2
+    assert rm.allocate(1, {"data": 2}, "second").devices == [2, 3]
+    assert used(rm) == {"a": [0, 1, 2, 3]}
+
+
+def test_slices_spread_fewest_active_slices_first_then_most_free_devices() -> None:
+    rm = manager(host("a", 8), host("b", 4))
+    hosts = [rm.allocate(1, {"data": 1}, None).host for _ in range(5)]
+    # a: 8 free beats b: 4 free; then b holds fewer slices; then a (7 free vs 3); ...
+    assert hosts == ["a", "b", "a", "b", "a"]
+
+
+def test_an_island_without_room_is_skipped_even_if_it_is_emptier() -> None:
+    rm = manager(host("a", 8), host("b", 2))
+    assert rm.allocate(1, {"data": 1}, None).host == "a"
+    # b holds no slice but has only 2 devices.
+    assert rm.allocate(1, {"data": 4}, None).host == "a"
+    assert rm.allocate(1, {"data": 2}, None).host == "b"
+
+
+def test_equal_candidates_are_broken_by_host_name() -> None:
+    rm = manager(host("b", 4), host("a", 4))
+    assert rm.allocate(1, {"data": 1}, None).host == "a"
+
+
+def test_busy_error_names_free_devices_per_island() -> None:
+    rm = manager(host("a", 4), host("b", 2))
+    rm.allocate(1, {"data": 2}, None)
+    rm.allocate(1, {"data": 2}, None)
+    rm.allocate(1, {"data": 1}, None)
+    with pytest.raises(BusyError) as info:
+        rm.allocate(2, {"data": 2, "model": 2}, None)
+    assert str(info.value) == (
+        "no island has 4 free devices for mesh {'data': 2, 'model': 2}; free devices per "
+        "island: island-a: 1/4, island-b: 0/2. Release a slice, ask for a smaller mesh, "
+        "or add hosts."
+    )
+
+
+def test_busy_error_without_live_hosts() -> None:
+    rm = manager(host("a", 4))
+    rm.lose_host("a")
+    for r in (rm, ResourceManager()):
+        with pytest.raises(BusyError, match=r"free devices per island: none \(no live hosts\)"):
+            r.allocate(1, {"data": 1}, None)
+
+
+def test_duplicate_active_name_for_one_tenant_is_a_value_error() -> None:
+    rm = manager(host("a", 8))
+    first = rm.allocate(1, {"data": 1}, "train")
+    with pytest.raises(ValueError, match="already has an active slice named 'train'"):
+        rm.allocate(1, {"data": 1}, "train")
+    # Another tenant may use the name; the owner may reuse it once released.
+    assert rm.allocate(2, {"data": 1}, "train").name == "train"
+    rm.release(first.slice, 1)
+    again = rm.allocate(1, {"data": 1}, "train")
+    assert again.name == "train" and again.slice != first.slice
+
+
+def test_release_frees_devices_and_is_idempotent() -> None:
+    rm = manager(host("a", 2))
+    s1 = rm.allocate(1, {"data": 2}, None)
+    assert rm.release(s1.slice, 1).state == "released"
+    assert used(rm) == {"a": []}
+    s2 = rm.allocate(1, {"data": 2}, None)
+    assert s2.devices == [0, 1]
+    # Releasing s1 again must not free the devices s2 now holds.
+    assert rm.release(s1.slice, 1).state == "released"
+    assert used(rm) == {"a": [0, 1]}
+    with pytest.raises(BusyError):
+        rm.allocate(1, {"data": 1}, None)
+
+
+def test_release_checks_the_owner() -> None:
+    rm = manager(host("a", 2))
+    s = rm.allocate(1, {"data": 1}, None)
+    with pytest.raises(ClosedError, match="slice 's1' does not exist for this client"):
+        rm.release(s.slice, 2)
+    with pytest.raises(ClosedError, match="slice 's9' does not exist"):
+        rm.release("s9", 1)
+    assert rm.get(s.slice) is s  # no tenant: the controller's own view
+    assert s.state == "active"
+
+
+def test_lose_host_loses_its_active_slices_and_frees_devices() -> None:
+    rm = manager(host("a", 4), host("b", 4))
+    on_a = rm.allocate(1, {"data": 1}, "x")
+    on_b = rm.allocate(2, {"data": 1}, None)
+    gone = rm.allocate(1, {"data": 1}, None)
+    assert (on_a.host, on_b.host, gone.host) == ("a", "b", "a")
+    rm.release(gone.slice, 1)
+
+    lost = rm.lose_host("a")
+
+    assert lost == [on_a]
+    assert (on_a.state, on_b.state, gone.state) == ("lost", "active", "released")
+    assert rm.hosts["a"].alive is False
+    assert used(rm) == {"a": [], "b": [0]}
+    assert rm.lose_host("a") == []
+    assert rm.lose_host("nowhere") == []
+    # Dead hosts get no new slices.
+    assert rm.allocate(1, {"data": 3}, None).host == "b"
+
+
+def test_active_says_why_a_slice_cannot_run() -> None:
+    rm = manager(host("a", 4))
+    live = rm.allocate(1, {"data": 1}, "live")
+    freed = rm.allocate(1, {"data": 1}, "freed")
+    rm.release(freed.slice, 1)
+    assert rm.active(live.slice, 1) is live
+    with pytest.raises(ClosedError, match="slice 'freed' was released; allocate a new one"):
+        rm.active(freed.slice, 1)
+    rm.lose_host("a")
+    with pytest.raises(ClosedError, match="slice 'live' was lost with host a"):
+        rm.active(live.slice, 1)
+    # Releasing a lost slice keeps it "lost": the devices went with the host.
+    assert rm.release(live.slice, 1).state == "lost"
+
+
+def test_reregistering_a_live_host_loses_its_slices() -> None:
+    rm = manager(host("a", 4))
+    s = rm.allocate(1, {"data": 4}, None)
+    rm.add_host(host("a", 2))
+    assert s.state == "lost"
+    assert rm.hosts["a"].alive and rm.hosts["a"].devices == [0, 1]
+    assert used(rm) == {"a": []}
+    assert rm.allocate(1, {"data": 2}, None).devices == [0, 1]
+
+
+def test_a_dead_host_comes_back_empty() -> None:
+    rm = manager(host("a", 2))
+    s = rm.allocate(1, {"data": 2}, None)
+    rm.lose_host("a")
+    rm.add_host(host("a", 2))
+    assert s.state == "lost"
+    assert rm.allocate(1, {"data": 2}, None).devices == [0, 1]
+
+
+def test_snapshot_lists_hosts_with_used_devices_and_unreleased_slices() -> None:
+    rm = manager(host("a", 3), host("b", 1))
+    keep = rm.allocate(7, {"data": 2}, "keep")
+    drop = rm.allocate(7, {"data": 1}, None)
+    rm.release(drop.slice, 7)
+    lost = rm.allocate(7, {"data": 1}, None)
+    rm.lose_host(lost.host)
+    snap = rm.snapshot()
+    assert snap["hosts"] == [
+        {
+            "host": "a",
+            "island": "island-a",
+            "devices": [0, 1, 2],
+            "data_address": "inproc://a",
+            "process": "p0",
+            "platform": "cpu",
+            "alive": True,
+            "used": [0, 1],
+        },
+        {
+            "host": "b",
+            "island": "island-b",
+            "devices": [0],
+            "data_address": "inproc://b",
+            "process": "p0",
+            "platform": "cpu",
+            "alive": False,
+            "used": [],
+        },
+    ]
+    assert snap["slices"] == [keep.to_dict(), lost.to_dict()]
+    assert snap["slices"][0] == {
+        "slice": "s1",
+        "name": "keep",
+        "tenant": 7,
+        "mesh": {"data": 2},
+        "island": "island-a",
+        "host": "a",
+        "devices": [0, 1],
+        "state": "active",
+    }
+    assert snap["slices"][1]["state"] == "lost"
