@@ -195,7 +195,7 @@ class Client:
         h, _ = self._io.request(header).result(timeout)
         if "error" in h:
             err = h["error"]
-            if "traceback" in err:  # a host's RemoteError, passed along by the controller
+            if "traceback" in err:  # a RemoteError, from a host or the controller
                 raise RemoteError.from_dict(err)
             kind = err.get("kind")
             cls: type[Exception] = {

@@ -38,6 +38,7 @@ class Status:
                     "host": h["host"],
                     "alive": h["alive"],
                     "platform": h["platform"],
+                    "process": h["process"],
                     "devices": len(h["devices"]),
                     "free": len(h["devices"]) - len(h["used"]) if h["alive"] else 0,
                     "queued": s["queued"].get(h["island"], 0),
@@ -71,7 +72,16 @@ class Status:
         return Status(
             islands=pd.DataFrame(
                 islands,
-                columns=["island", "host", "alive", "platform", "devices", "free", "queued"],
+                columns=[
+                    "island",
+                    "host",
+                    "alive",
+                    "platform",
+                    "process",
+                    "devices",
+                    "free",
+                    "queued",
+                ],
             ),
             devices=pd.DataFrame(devices, columns=["island", "host", "device", "slice"]),
             slices=slices,

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
-from pathways_nb._core import BusyError, ClosedError
+from pathways_nb._core import BusyError, ClosedError, DataLossError
 
 
 @dataclasses.dataclass
@@ -143,7 +143,9 @@ class ResourceManager:
         if s.state == "released":
             raise ClosedError(f"slice {s.name!r} was released; allocate a new one")
         if s.state == "lost":
-            raise ClosedError(f"slice {s.name!r} was lost with host {s.host}")
+            raise DataLossError(
+                f"slice {s.name!r} was lost with host {s.host}", slice=s.name, host=s.host
+            )
         return s
 
     def free_summary(self) -> str:

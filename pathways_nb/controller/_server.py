@@ -478,18 +478,24 @@ class Controller:
         try:
             handler = getattr(self, f"_c_{kind}")
             handler(t, h, bufs)
-        except (ProtocolError, ClosedError, BusyError, ValueError, KeyError, TypeError) as exc:
+        except (
+            ProtocolError,
+            ClosedError,
+            BusyError,
+            RemoteError,
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:
             if isinstance(rid, int):
-                self._send_client(
-                    t.identity,
-                    {
-                        "t": "reply",
-                        "rid": rid,
-                        "error": {"message": str(exc), "kind": type(exc).__name__},
-                    },
+                err = (
+                    exc.to_dict()
+                    if isinstance(exc, RemoteError)
+                    else {"message": str(exc), "kind": type(exc).__name__}
                 )
+                self._send_client(t.identity, {"t": "reply", "rid": rid, "error": err})
             elif kind == "launch":
-                self._fail_launch_now(t, h, str(exc))
+                self._fail_launch_now(t, h, exc)
             else:
                 self._send_client(t.identity, error_header(f"{kind}: {exc}"))
 
@@ -600,11 +606,15 @@ class Controller:
         self.events.add("launch", t.tenant, lid, prog.name, s.slice, s.island, s.host)
         self.scheduler.submit(Work("run", t.tenant, s.island, lid, cost_key=h["pid"], body=(s, h)))
 
-    def _fail_launch_now(self, t: Tenant, h: dict[str, Any], why: str) -> None:
+    def _fail_launch_now(self, t: Tenant, h: dict[str, Any], exc: Exception) -> None:
         lid = h.get("lid")
-        err = RemoteError(
-            why, kind="invalid", program=str(h.get("pid", "")), slice=str(h.get("slice", ""))
-        )
+        prog = self._programs.get(str(h.get("pid")))
+        name = prog.name if prog is not None else str(h.get("pid", ""))
+        if isinstance(exc, RemoteError):
+            err = exc
+            err.program = err.program or name
+        else:
+            err = RemoteError(str(exc), kind="invalid", program=name, slice=str(h.get("slice", "")))
         self._send_client(t.identity, {"t": "done", "items": [[lid, err.to_dict()]]})
         outs = [o for o in h.get("outs", []) if isinstance(o, int)]
         s = self.rm.slices.get(str(h.get("slice")))

@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from pathways_nb._core import BrokenError
-from pathways_nb.client._session import ask_scheduler
 from pathways_nb.deploy._watch import PARENT_ENV
 
 
@@ -160,6 +159,8 @@ class LocalCluster:
 
     def wait_for_hosts(self, n: int, timeout: float = 60.0) -> None:
         """Block until the controller has ``n`` live hosts."""
+        from pathways_nb.client._session import ask_scheduler
+
         deadline = time.monotonic() + timeout
         while True:
             self._check_alive("a cluster process")

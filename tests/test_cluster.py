@@ -1,0 +1,177 @@
+"""Real processes: a Dask scheduler hosting the controller, one Dask worker per island."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import msgpack
+import numpy as np
+import psutil
+import pytest
+import zmq
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb.deploy._demo import init_params, make_data, train_step
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[pw.LocalCluster]:
+    with pw.LocalCluster(islands=2, devices_per_island=4) as c:
+        yield c
+
+
+def _gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _cluster_pids(parent: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("PATHWAYS_PARENT_PID") == str(parent) and p.pid != parent:
+                out.append(p.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def test_training_over_a_scheduler_address_matches_plain_jax(local: pw.LocalCluster) -> None:
+    with pw.Client(local.scheduler_address) as client:
+        st = client.status()
+        assert len(st.islands) == 2 and set(st.islands.devices) == {4}
+        # The controller runs in the scheduler's process, never in ours.
+        assert all(str(os.getpid()) != p.split(":")[-1] for p in st.islands.process)
+        vs = client.allocate({"data": 4})
+        sizes = (16, 64, 4)
+        x_np, y_np = make_data(128, sizes[0], sizes[-1])
+        params = {k: vs.put(v, P()) for k, v in init_params(sizes).items()}
+        x, y = vs.put(x_np, P("data")), vs.put(y_np, P("data"))
+        step = pw.jit(train_step, donate_argnums=0)
+        losses = []
+        for _ in range(20):
+            params, loss = step(params, x, y)
+            losses.append(loss)
+        got = [float(v) for v in pw.fetch(losses)]
+        ref_step = jax.jit(train_step)
+        ref_params = jax.tree.map(jnp.asarray, init_params(sizes))
+        ref = []
+        for _ in range(20):
+            ref_params, ref_loss = ref_step(ref_params, x_np, y_np)
+            ref.append(float(ref_loss))
+        np.testing.assert_allclose(got, ref, rtol=1e-5)
+        final = pw.fetch(params)
+        for k in final:
+            np.testing.assert_allclose(final[k], ref_params[k], rtol=1e-4, atol=1e-6)
+
+
+def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCluster) -> None:
+    ctx: zmq.Context[object] = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVTIMEO, 5000)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(local.controller_address)
+        for frames in ([b"\x00junk"], [msgpack.packb({"t": "launch"})]):
+            sock.send_multipart(frames)
+            assert msgpack.unpackb(sock.recv_multipart()[0])["t"] == "error"
+        sock.close(0)
+    finally:
+        ctx.term()
+    with pw.Client(local) as client:
+        vs = client.allocate({"data": 2})
+        np.testing.assert_array_equal(
+            (vs.put(np.ones(2, np.float32), P("data")) * 2).fetch(), np.full(2, 2.0, np.float32)
+        )
+
+
+def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back() -> None:
+    with (
+        pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False) as c,
+        pw.Client(c) as client,
+    ):
+        a = client.allocate({"x": 2})
+        b = client.allocate({"x": 2})
+        xa = a.put(np.ones(2, np.float32), P("x"))
+        xb = b.put(np.ones(2, np.float32), P("x"))
+        st = client.status()
+        victim = int(st.islands.set_index("host").loc[a.host, "process"].split(":")[-1])
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(pw.DataLossError):
+            (xa + 1).fetch()
+        assert a.state == "lost"
+        np.testing.assert_array_equal((xb + 1).fetch(), np.full(2, 2.0, np.float32))
+        c.wait_for_hosts(2, timeout=60)
+        fresh = client.allocate({"x": 2})
+        np.testing.assert_array_equal(
+            (fresh.put(np.ones(2), P("x")) + 1).fetch(), np.full(2, 2.0, np.float32)
+        )
+
+
+def test_start_twice_close_twice_leaves_no_processes() -> None:
+    before = set(_cluster_pids(os.getpid()))
+    first = pw.LocalCluster(islands=1, devices_per_island=1, dashboard=False)
+    second = pw.LocalCluster(islands=1, devices_per_island=1, dashboard=False)
+    assert first.scheduler_address != second.scheduler_address
+    pids = sorted(set(_cluster_pids(os.getpid())) - before)
+    assert len(pids) >= 6  # per cluster: scheduler, nanny, worker
+    for c in (first, second):
+        c.close()
+        c.close()
+    assert _gone(pids, 30), f"still running: {pids}"
+
+
+def test_a_killed_kernel_leaves_no_orphans(tmp_path: object) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, time
+        import pathways_nb as pw
+        c = pw.LocalCluster(islands=1, devices_per_island=1, dashboard=False)
+        print("ready", flush=True)
+        time.sleep(600)
+        """
+    )
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert kernel.stdout is not None
+    assert kernel.stdout.readline().strip() == b"ready"
+    pids = _cluster_pids(kernel.pid)
+    assert len(pids) >= 3
+    kernel.kill()
+    kernel.wait()
+    assert _gone(pids, 40), f"orphans: {pids}"
+
+
+def test_preload_modules_import_no_client_pandas_or_ipython() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import pathways_nb.deploy.scheduler
+        bad = [m for m in ("jax", "pandas", "IPython", "pathways_nb.client") if m in sys.modules]
+        assert not bad, bad
+        import pathways_nb.deploy.worker
+        import pathways_nb
+        bad = [m for m in ("pandas", "IPython", "pathways_nb.client") if m in sys.modules]
+        assert not bad, bad
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,182 @@
+"""The wire: garbage never takes a process down; versions are checked at connect."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb._core import Config, Versions, local_versions
+
+GARBAGE: list[list[bytes]] = [
+    [b""],
+    [b"\xff\xfe\x00garbage"],
+    [msgpack.packb([1, 2, 3])],
+    [msgpack.packb({"t": 7})],
+    [msgpack.packb({"t": "no-such-type"})],
+    [msgpack.packb({"t": "launch"})],
+    [
+        msgpack.packb(
+            {"t": "launch", "lid": "x", "slice": 1, "pid": None, "ins": 0, "outs": 0, "donate": 0}
+        )
+    ],
+    [
+        msgpack.packb(
+            {
+                "t": "put",
+                "rid": 1,
+                "handle": 2,
+                "shape": [4],
+                "dtype": "<f4",
+                "spec": [],
+                "devices": [0],
+                "mesh": [["x", 1]],
+            }
+        ),
+        b"short",
+    ],
+    [msgpack.packb({"t": "hello", "role": "client", "versions": {"nope": 1}})],
+    [msgpack.packb({"t": "batch"}), b"\x00\x01", msgpack.packb({"t": "allocate"})],
+    [msgpack.packb({"t": "register", "host": 1})],
+    [np.random.default_rng(0).bytes(4096)],
+]
+
+
+def _raw_dealer(ctx: zmq.Context[Any], address: str) -> zmq.Socket[Any]:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVTIMEO, 5000)
+    s.connect(address)
+    return s
+
+
+def _hello(sock: zmq.Socket[Any]) -> dict[str, Any]:
+    sock.send_multipart(
+        [
+            msgpack.packb(
+                {"t": "hello", "role": "client", "rid": 1, "versions": local_versions().to_dict()}
+            )
+        ]
+    )
+    return dict(msgpack.unpackb(sock.recv_multipart()[0]))
+
+
+def test_garbage_to_every_socket_gets_errors_and_everyone_keeps_working(
+    cluster: pw.InProcessCluster, client: pw.Client
+) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+    ctx = cluster.context
+    targets = [
+        cluster.controller.client_address,
+        cluster.controller.host_address,
+        *(h.data_address for h in cluster.hosts),
+    ]
+    for address in targets:
+        for authenticated in (False, True):
+            sock = _raw_dealer(ctx, address)
+            if authenticated and address != cluster.controller.host_address:
+                assert _hello(sock)["t"] == "welcome"
+            for frames in GARBAGE:
+                sock.send_multipart(frames)
+                reply = msgpack.unpackb(sock.recv_multipart()[0])
+                assert reply["t"] in ("error", "refuse", "failed", "reply"), reply
+                text = reply.get("message") or reply.get("reason") or str(reply.get("error", ""))
+                assert text or reply["t"] == "reply"
+            sock.close(0)
+    # Everyone keeps serving, including this tenant's arrays and programs.
+    np.testing.assert_array_equal((x + 1).fetch(), np.arange(1, 5, dtype=np.float32))
+    assert cluster.controller.statistics().live_hosts == 2
+
+
+def test_oversized_message_is_refused_with_a_reason() -> None:
+    with pw.InProcessCluster(1, 2, config=Config(max_control_message=1024)) as c:
+        sock = _raw_dealer(c.context, c.controller.client_address)
+        sock.send_multipart([msgpack.packb({"t": "heartbeat"}), b"x" * 4096])
+        reply = msgpack.unpackb(sock.recv_multipart()[0])
+        assert reply["t"] == "error" and "larger than this endpoint accepts" in reply["message"]
+        sock.close(0)
+        with c.client() as client:
+            assert client.status().islands.shape[0] == 1
+
+
+def test_version_mismatch_is_refused_naming_the_side_to_upgrade(
+    cluster: pw.InProcessCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = local_versions()
+    old = Versions(**{**mine.to_dict(), "jax": "0.0.1"})
+    monkeypatch.setattr("pathways_nb.client._session.local_versions", lambda: old)
+    with pytest.raises(pw.VersionMismatchError) as info:
+        cluster.client()
+    msg = str(info.value)
+    assert "jax 0.0.1 on the client" in msg and "upgrade" in msg
+
+
+def test_lapsed_lease_frees_the_slices_of_a_vanished_client() -> None:
+    with pw.InProcessCluster(1, 2, config=Config(lease_seconds=0.3)) as c:
+        sock = _raw_dealer(c.context, c.controller.client_address)
+        assert _hello(sock)["t"] == "welcome"
+        sock.send_multipart(
+            [msgpack.packb({"t": "allocate", "rid": 2, "mesh": [["x", 2]], "name": None})]
+        )
+        assert msgpack.unpackb(sock.recv_multipart()[0])["slice"]["devices"] == [0, 1]
+        deadline = time.monotonic() + 10
+        while c.controller.statistics().tenants and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = c.controller.statistics()
+        assert stats.tenants == 0 and stats.slices == 0
+        with c.client() as client:
+            assert client.allocate({"x": 2}).devices == [0, 1]
+        sock.close(0)
+
+
+def test_status_and_events_are_dataframes(client: pw.Client) -> None:
+    vs = client.allocate({"data": 4}, name="train")
+    x = vs.put(np.ones(8, np.float32), P("data"))
+    f = pw.jit(lambda x: x * 3, name="triple")
+    for _ in range(5):
+        x = f(x)
+    x.block_until_ready()
+    client.wait_all(10)
+    st = client.status()
+    assert set(st.islands.columns) >= {"island", "host", "alive", "devices", "free"}
+    assert st.devices.shape[0] == 8
+    assert (st.devices["slice"] == "train").sum() == 4
+    assert "train" in set(st.slices["name"])
+    assert "islands" in repr(st) and "train" in repr(st)
+    ev = client.events()
+    mine = ev[ev.program == "triple"]
+    assert list(mine.kind.value_counts().sort_index().items()) == [
+        ("end", 5),
+        ("launch", 5),
+        ("start", 5),
+    ]
+    starts = mine[mine.kind == "start"].set_index("lid").time
+    ends = mine[mine.kind == "end"].set_index("lid").time
+    assert (starts <= ends.loc[starts.index]).all()
+    assert set(mine.host) == {vs.host} and set(mine.island) == {vs.island}
+
+
+def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> None:
+    # A private cluster: losing a host must not disturb the shared one.
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        other = client.allocate({"x": 2})
+        assert vs.host != other.host
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        y = other.put(np.ones(2, np.float32), P("x"))
+        c.controller.host_lost(vs.host, "test")
+        deadline = time.monotonic() + 10
+        while vs.state != "lost" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(pw.DataLossError, match="lost"):
+            x.fetch()
+        with pytest.raises(pw.DataLossError):
+            pw.jit(lambda a: a + 1)(x)
+        np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))

@@ -1,0 +1,238 @@
+"""The shared core: versions, handle ids, mesh and sharding specs, configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Any
+
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from pathways_nb._core import (
+    Config,
+    HandleAllocator,
+    Versions,
+    decode_mesh,
+    decode_spec,
+    default_config,
+    encode_mesh,
+    encode_spec,
+    handle_owner,
+    local_versions,
+    validate_mesh_shape,
+)
+from pathways_nb._core._ids import TENANT_SHIFT
+from pathways_nb._core._versions import PROTOCOL_VERSION
+
+V = Versions(protocol=1, package="0.1.0", jax="0.10.2", jaxlib="0.10.2", export_max=9, export_min=9)
+FIX = (
+    "Install the same versions on both sides (upgrade whichever of the client or the "
+    "controller is older, e.g. `pip install -U pathways_nb jax jaxlib`)."
+)
+
+
+def test_equal_versions_match() -> None:
+    assert V.mismatch(dataclasses.replace(V), "client", "controller") is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"protocol": 2}, "wire protocol 1 on the client, 2 on the controller"),
+        ({"package": "0.2.0"}, "pathways_nb 0.1.0 on the client, 0.2.0 on the controller"),
+        ({"jax": "0.10.3"}, "jax 0.10.2 on the client, 0.10.3 on the controller"),
+        ({"jaxlib": "0.10.1"}, "jaxlib 0.10.2 on the client, 0.10.1 on the controller"),
+        (
+            {"export_min": 10, "export_max": 12},
+            "jax.export calling conventions 9..9 on the client, 10..12 on the controller",
+        ),
+    ],
+)
+def test_a_mismatch_names_both_sides_and_the_fix(changes: dict[str, Any], problem: str) -> None:
+    other = dataclasses.replace(V, **changes)
+    assert V.mismatch(other, "client", "controller") == f"{problem}. {FIX}"
+
+
+def test_several_mismatches_are_listed_together() -> None:
+    other = dataclasses.replace(V, protocol=2, jax="0.9.0")
+    assert V.mismatch(other, "host h0", "controller") == (
+        "wire protocol 1 on the host h0, 2 on the controller; "
+        "jax 0.10.2 on the host h0, 0.9.0 on the controller. Install the same versions on "
+        "both sides (upgrade whichever of the host h0 or the controller is older, e.g. "
+        "`pip install -U pathways_nb jax jaxlib`)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs"),
+    [((5, 9), (9, 12)), ((5, 9), (1, 5)), ((5, 9), (6, 7)), ((5, 9), (-1, -1)), ((-1, -1), (1, 2))],
+)
+def test_export_ranges_that_overlap_or_are_unknown_match(
+    mine: tuple[int, int], theirs: tuple[int, int]
+) -> None:
+    a = dataclasses.replace(V, export_min=mine[0], export_max=mine[1])
+    b = dataclasses.replace(V, export_min=theirs[0], export_max=theirs[1])
+    assert a.mismatch(b, "client", "host") is None
+    assert b.mismatch(a, "host", "client") is None
+
+
+def test_versions_roundtrip_and_reject_bad_mappings() -> None:
+    assert Versions.from_dict(V.to_dict()) == V
+    assert Versions.from_dict(V.to_dict() | {"future": 1}) == V
+    with pytest.raises(ValueError, match="expected a versions mapping, got list"):
+        Versions.from_dict([1])
+    d = V.to_dict()
+    del d["jax"], d["export_min"]
+    with pytest.raises(ValueError, match=r"versions mapping lacks \['export_min', 'jax'\]"):
+        Versions.from_dict(d)
+
+
+def test_local_versions_without_export_leave_the_range_unknown() -> None:
+    v = local_versions(with_export=False)
+    assert (v.protocol, v.export_min, v.export_max) == (PROTOCOL_VERSION, -1, -1)
+    full = local_versions()
+    assert 0 <= full.export_min <= full.export_max
+    assert v.mismatch(full, "controller", "host h0") is None
+
+
+def test_handles_carry_their_tenant_in_the_high_bits() -> None:
+    a, b = HandleAllocator(3), HandleAllocator(4)
+    hs = [a.next() for _ in range(3)]
+    assert hs == [(3 << TENANT_SHIFT) | n for n in (1, 2, 3)]
+    assert [handle_owner(h) for h in hs] == [3, 3, 3]
+    assert handle_owner(b.next()) == 4
+    top = HandleAllocator(2**23 - 1).next()
+    assert handle_owner(top) == 2**23 - 1 and top < 2**63
+
+
+@pytest.mark.parametrize("tenant", [0, -1, 2**23])
+def test_tenant_ids_out_of_range_are_refused(tenant: int) -> None:
+    with pytest.raises(ValueError, match=rf"tenant id must be in \[1, 2\*\*23\), got {tenant}"):
+        HandleAllocator(tenant)
+
+
+def test_running_out_of_handle_ids_says_to_reconnect() -> None:
+    alloc = HandleAllocator(1)
+    last = (1 << TENANT_SHIFT) - 1
+    # Fast-forward the counter rather than hand out 2**40 ids.
+    alloc._counter = itertools.count(last)
+    assert alloc.next() == (1 << TENANT_SHIFT) | last
+    with pytest.raises(OverflowError, match="used every handle id; reconnect"):
+        alloc.next()
+
+
+@pytest.mark.parametrize(
+    ("spec", "encoded"),
+    [
+        (P(), []),
+        (P("data"), ["data"]),
+        (P(None), [None]),
+        (P(None, "data"), [None, "data"]),
+        (P("data", None, ("a", "b")), ["data", None, ["a", "b"]]),
+        (P(("x", "y", "z"), "w"), [["x", "y", "z"], "w"]),
+    ],
+)
+def test_partition_specs_roundtrip(spec: P, encoded: list[Any]) -> None:
+    assert encode_spec(spec) == encoded
+    assert decode_spec(encoded) == spec
+    assert decode_spec(encode_spec(spec)) == spec
+
+
+def test_a_spec_entry_that_is_not_a_name_is_refused() -> None:
+    with pytest.raises(TypeError, match="entries must be None, an axis name or a tuple of names"):
+        encode_spec(P(P.UNCONSTRAINED))
+
+
+def test_mesh_shapes_roundtrip_in_order() -> None:
+    shape = {"model": 2, "data": 4}
+    assert encode_mesh(shape) == [["model", 2], ["data", 4]]
+    assert list(decode_mesh(encode_mesh(shape)).items()) == [("model", 2), ("data", 4)]
+
+
+def test_validate_mesh_shape_returns_an_ordered_copy() -> None:
+    shape = {"data": 2, "model": 2}
+    out = validate_mesh_shape(shape)
+    assert out == shape and out is not shape and list(out) == ["data", "model"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ([("data", 4)], r"a virtual slice is a named mesh such as \{'data': 4\}"),
+        ({}, r"a virtual slice is a named mesh .*; got \{\}"),
+        ({1: 4}, r"mesh axis names must be identifiers; got 1 in \{1: 4\}"),
+        ({"my-axis": 4}, r"mesh axis names must be identifiers; got 'my-axis'"),
+        ({"data": 0}, r"mesh axis sizes must be positive integers; got data=0 in"),
+        ({"data": True}, r"must be positive integers; got data=True"),
+        ({"data": 2.0}, r"must be positive integers; got data=2.0"),
+    ],
+)
+def test_validate_mesh_shape_says_what_is_wrong(shape: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_mesh_shape(shape)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if name.startswith("PATHWAYS_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_config_defaults_without_environment(clean_env: pytest.MonkeyPatch) -> None:
+    assert Config.from_env() == Config()
+    assert default_config() == Config()
+    clean_env.setenv("PATHWAYS_INFLIGHT_WINDOW", "")
+    assert Config.from_env().inflight_window == 16
+
+
+def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> None:
+    values = {
+        "inflight_window": "4",
+        "max_queued_per_client": "100",
+        "event_log_size": "50",
+        "max_control_message": "1024",
+        "max_data_message": "2048",
+        "store_limit_bytes": "4096",
+        "lease_seconds": "2.5",
+        "put_wait_seconds": "7",
+    }
+    assert set(values) == {f.name for f in dataclasses.fields(Config)}
+    for field, raw in values.items():
+        clean_env.setenv(f"PATHWAYS_{field.upper()}", raw)
+    assert Config.from_env() == Config(
+        inflight_window=4,
+        max_queued_per_client=100,
+        event_log_size=50,
+        max_control_message=1024,
+        max_data_message=2048,
+        store_limit_bytes=4096,
+        lease_seconds=2.5,
+        put_wait_seconds=7.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        ("PATHWAYS_INFLIGHT_WINDOW", "sixteen", "must be an integer; got 'sixteen'"),
+        ("PATHWAYS_STORE_LIMIT_BYTES", "1.5e9", "must be an integer; got '1.5e9'"),
+        ("PATHWAYS_LEASE_SECONDS", "30s", "must be a number; got '30s'"),
+    ],
+)
+def test_a_bad_variable_is_named_in_the_error(
+    clean_env: pytest.MonkeyPatch, name: str, raw: str, message: str
+) -> None:
+    clean_env.setenv(name, raw)
+    with pytest.raises(ValueError) as info:
+        Config.from_env()
+    assert str(info.value) == f"environment variable {name} {message}"
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().inflight_window = 3  # type: ignore[misc]

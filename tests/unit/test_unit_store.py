@@ -1,0 +1,141 @@
+"""A host's object store: values, errors, byte accounting and parked waiters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pathways_nb._core import DataLossError, RemoteError, ResourceExhaustedError
+from pathways_nb.worker import ObjectStore, StoreStatistics
+from pathways_nb.worker._store import Entry
+
+
+def test_set_get_and_statistics() -> None:
+    store = ObjectStore(limit=1000)
+    store.set(1, "a", 100, origin=("f", "s1"))
+    store.set(2, "b", 50)
+    store.fail(3, RemoteError("boom"))
+    assert store.get(1) == Entry(value="a", nbytes=100, origin=("f", "s1"))
+    assert store.get(4) is None
+    assert store.bytes == 150
+    assert store.statistics() == StoreStatistics(
+        arrays=2, errors=1, bytes=150, limit=1000, waiters=0
+    )
+
+
+def test_setting_a_handle_again_replaces_its_bytes() -> None:
+    store = ObjectStore()
+    store.set(1, "a", 100)
+    store.set(1, "b", 40)
+    assert store.bytes == 40
+    err = RemoteError("gone")
+    store.fail(1, err)
+    assert store.bytes == 0
+    entry = store.get(1)
+    assert entry is not None and entry.error is err and entry.value is None
+
+
+def test_drop_counts_what_was_present_and_frees_its_bytes() -> None:
+    store = ObjectStore()
+    for h in (1, 2, 3):
+        store.set(h, h, 10 * h)
+    assert store.drop([1, 3, 9]) == 2
+    assert store.bytes == 20
+    assert store.drop([1]) == 0
+    assert store.statistics().arrays == 1
+
+
+def test_no_limit_never_refuses() -> None:
+    store = ObjectStore(limit=0)
+    store.set(1, "big", 2**40)
+    store.reserve_check(2**40)
+
+
+def test_reserve_check_names_the_limit_and_the_fix() -> None:
+    store = ObjectStore(limit=100)
+    store.set(1, "a", 60)
+    store.reserve_check(40)
+    with pytest.raises(ResourceExhaustedError) as info:
+        store.reserve_check(41)
+    err = info.value
+    assert err.kind == "resource_exhausted"
+    assert err.message == (
+        "the object store would hold 101 bytes, over its limit of 100 (now 60 resident). "
+        "Delete arrays you no longer need (`del x` or `x.delete()`) or raise "
+        "PATHWAYS_STORE_LIMIT_BYTES"
+    )
+    # Bytes about to be freed (a donated input) make room.
+    store.reserve_check(50, freeing=10)
+    with pytest.raises(ResourceExhaustedError, match="would hold 101 bytes"):
+        store.reserve_check(51, freeing=10)
+    assert store.bytes == 60  # a check reserves nothing
+
+
+def test_a_waiter_on_a_present_handle_is_called_at_once() -> None:
+    store = ObjectStore()
+    store.set(1, "a", 8)
+    seen: list[Entry] = []
+    store.when_present(1, seen.append)
+    assert seen == [Entry(value="a", nbytes=8)]
+    assert store.statistics().waiters == 0
+
+
+def test_parked_waiters_are_called_once_in_order_when_the_value_arrives() -> None:
+    store = ObjectStore()
+    seen: list[tuple[str, object]] = []
+    store.when_present(1, lambda e: seen.append(("first", e.value)))
+    store.when_present(1, lambda e: seen.append(("second", e.value)))
+    store.when_present(2, lambda e: seen.append(("other", e.value)))
+    assert seen == []
+    assert store.statistics().waiters == 3
+    store.set(1, "a", 8)
+    assert seen == [("first", "a"), ("second", "a")]
+    store.set(1, "b", 8)
+    assert seen == [("first", "a"), ("second", "a")]
+    assert store.statistics().waiters == 1
+
+
+def test_a_parked_waiter_receives_a_failure() -> None:
+    store = ObjectStore()
+    seen: list[Entry] = []
+    store.when_present(5, seen.append)
+    err = DataLossError("host lost")
+    store.fail(5, err)
+    assert len(seen) == 1 and seen[0].error is err and seen[0].nbytes == 0
+
+
+def test_fail_waiters_answers_every_parked_waiter_once() -> None:
+    store = ObjectStore()
+    seen: list[tuple[int, str]] = []
+
+    def waiter(handle: int) -> Callable[[Entry], None]:
+        def called(e: Entry) -> None:
+            assert e.error is not None
+            seen.append((handle, e.error.message))
+
+        return called
+
+    store.when_present(1, waiter(1))
+    store.when_present(1, waiter(1))
+    store.when_present(2, waiter(2))
+    store.fail_waiters(lambda h: RemoteError(f"host stopping before handle {h}"))
+    assert seen == [
+        (1, "host stopping before handle 1"),
+        (1, "host stopping before handle 1"),
+        (2, "host stopping before handle 2"),
+    ]
+    assert store.statistics().waiters == 0
+    store.set(1, "late", 8)
+    assert len(seen) == 3
+    assert store.get(1) == Entry(value="late", nbytes=8)
+
+
+def test_wait_returns_the_entry_or_none_on_timeout() -> None:
+    store = ObjectStore()
+    assert store.wait(1, timeout=0.0) is None
+    store.fail(1, RemoteError("x"))
+    entry = store.wait(1, timeout=0.0)
+    assert entry is not None and entry.error is not None
+    store.drop([1])
+    assert store.wait(1, timeout=0.0) is None
