@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pathways_nb._core import BusyError, ClosedError
+from pathways_nb._core import BusyError, ClosedError, DataLossError
 from pathways_nb.controller import HostInfo, ResourceManager, SliceInfo
 
 
@@ -157,8 +157,9 @@ def test_active_says_why_a_slice_cannot_run() -> None:
     with pytest.raises(ClosedError, match="slice 'freed' was released; allocate a new one"):
         rm.active(freed.slice, 1)
     rm.lose_host("a")
-    with pytest.raises(ClosedError, match="slice 'live' was lost with host a"):
+    with pytest.raises(DataLossError) as info:
         rm.active(live.slice, 1)
+    assert str(info.value) == "[data_loss] slice 'live' was lost with host a (slice live, host a)"
     # Releasing a lost slice keeps it "lost": the devices went with the host.
     assert rm.release(live.slice, 1).state == "lost"
 

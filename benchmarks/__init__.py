@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of pathways_nb against plain JAX (JSON out)."""

@@ -1,0 +1,152 @@
+"""Core dispatch: pathways_nb against plain ``jax.jit`` on the same 4 simulated devices.
+
+    python -m benchmarks.core [--calls 2000] [--repeats 3] [--json results/core.json]
+
+Two measurements, each side by side in one run:
+
+- round trip: a tiny program called and fetched one at a time (median per call);
+- chained: N dependent calls of a 4-device all-reduce + add program, waiting on every
+  16th result in both modes (plain JAX aborts here with ~64+ collective programs
+  queued on CPU), reported as calls per second and as ours / plain JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from benchmarks._common import machine, summary, timed, write
+
+SIZE = 4 * 256
+WAIT_EVERY = 16
+
+
+def allreduce_add(x: jax.Array) -> jax.Array:
+    return x + jnp.sum(x) * 1e-6
+
+
+def tiny(x: jax.Array) -> jax.Array:
+    return x + 1
+
+
+def plain_jax(calls: int, roundtrips: int) -> tuple[float, float]:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    sh = NamedSharding(mesh, P("d"))
+    f = jax.jit(allreduce_add, out_shardings=sh)
+    g = jax.jit(tiny, out_shardings=sh)
+    x0 = jax.device_put(np.ones(SIZE, np.float32), sh)
+    f(x0).block_until_ready()
+    np.asarray(g(x0))
+
+    def chain() -> None:
+        x = x0
+        for i in range(calls):
+            x = f(x)
+            if i % WAIT_EVERY == WAIT_EVERY - 1:
+                x.block_until_ready()
+        x.block_until_ready()
+
+    def rt() -> None:
+        for _ in range(roundtrips):
+            np.asarray(g(x0))
+
+    return timed(chain), timed(rt) / roundtrips
+
+
+def ours(client: pw.Client, calls: int, roundtrips: int) -> tuple[float, float]:
+    vs = client.default_slice
+    assert vs is not None
+    f = pw.jit(allreduce_add, out_shardings=P("d"))
+    g = pw.jit(tiny, out_shardings=P("d"))
+    x0 = vs.put(np.ones(SIZE, np.float32), P("d"))
+    f(x0).block_until_ready()
+    g(x0).fetch()
+
+    def chain() -> None:
+        x = x0
+        for i in range(calls):
+            x = f(x)
+            if i % WAIT_EVERY == WAIT_EVERY - 1:
+                x.block_until_ready()
+        x.block_until_ready()
+
+    def rt() -> None:
+        for _ in range(roundtrips):
+            g(x0).fetch()
+
+    return timed(chain), timed(rt) / roundtrips
+
+
+def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
+    jax_chain, jax_rt, pw_chain, pw_rt = [], [], [], []
+    with (
+        pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
+        pw.Client(cluster) as client,
+    ):
+        client.allocate({"d": 4})
+        for _ in range(repeats):
+            c, r = plain_jax(calls, roundtrips)
+            jax_chain.append(calls / c)
+            jax_rt.append(r)
+            c, r = ours(client, calls, roundtrips)
+            pw_chain.append(calls / c)
+            pw_rt.append(r)
+    chained = {
+        "plain_jax_calls_per_s": summary(jax_chain),
+        "pathways_calls_per_s": summary(pw_chain),
+    }
+    chained["ratio"] = (
+        chained["pathways_calls_per_s"]["median"] / chained["plain_jax_calls_per_s"]["median"]
+    )
+    chained["target_ratio"] = 0.7
+    roundtrip = {"plain_jax_s": summary(jax_rt), "pathways_s": summary(pw_rt)}
+    roundtrip["ratio"] = roundtrip["pathways_s"]["median"] / roundtrip["plain_jax_s"]["median"]
+    roundtrip["target_pathways_s"] = 1e-3
+    return {
+        "benchmark": "core",
+        "machine": machine(),
+        "params": {
+            "calls": calls,
+            "repeats": repeats,
+            "roundtrips": roundtrips,
+            "size": SIZE,
+            "wait_every": WAIT_EVERY,
+        },
+        "chained": chained,
+        "roundtrip": roundtrip,
+        "targets_met": {
+            "chained_ge_0.7x": chained["ratio"] >= 0.7,
+            "roundtrip_lt_1ms": roundtrip["pathways_s"]["median"] < 1e-3,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--roundtrips", type=int, default=200)
+    ap.add_argument("--json", default="benchmarks/results/core.json")
+    args = ap.parse_args(argv)
+    write(run(args.calls, args.repeats, args.roundtrips), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
