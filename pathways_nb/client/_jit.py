@@ -7,7 +7,7 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import numpy as np
@@ -286,7 +286,7 @@ def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec]:
     specs, prefix_def = jax.tree.flatten(prefix, is_leaf=_is_spec_leaf)
     full = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
     try:
-        subtrees = prefix_def.flatten_up_to(full)
+        subtrees = cast(Any, prefix_def).flatten_up_to(full)
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f"out_shardings {prefix!r} does not match the structure of the outputs: {exc}"
