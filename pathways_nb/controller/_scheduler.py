@@ -58,8 +58,10 @@ class GangScheduler:
             raise ValueError(f"the in-flight window must be at least 1; got {window}")
         self.window = window
         self._islands: dict[str, _IslandQueue] = {}
+        self._by_key: dict[str, set[str]] = {}
         self._inflight: collections.Counter[str] = collections.Counter()
         self._inflight_lids: dict[int, tuple[str, Work]] = {}
+        self._queued: collections.Counter[int] = collections.Counter()
         self._pass: dict[int, float] = {}
         self._weight: dict[int, float] = {}
         self._cost: dict[str, float] = {}
@@ -73,7 +75,9 @@ class GangScheduler:
         if q is None:
             self._islands[island] = _IslandQueue(window_key)
         else:
+            self._by_key.get(q.window_key, set()).discard(island)
             q.window_key = window_key
+        self._by_key.setdefault(window_key, set()).add(island)
 
     def set_weight(self, tenant: int, weight: float) -> None:
         if weight <= 0:
@@ -85,10 +89,13 @@ class GangScheduler:
         q = self._islands.get(work.island)
         if q is None:
             raise KeyError(f"unknown island {work.island!r}")
-        if work.tenant not in self._pass:
-            # A newcomer starts level with the busiest competitor, not at zero, so it
-            # cannot starve the others by having been idle.
-            self._pass[work.tenant] = min(self._pass.values(), default=0.0)
+        if self._queued[work.tenant] == 0:
+            # A tenant that (re)joins the competition starts level with the tenants that
+            # are busy now: idle time earns no credit, so it cannot starve them.
+            busy = [self._pass[t] for t, n in self._queued.items() if n and t in self._pass]
+            mine = self._pass.get(work.tenant, 0.0)
+            self._pass[work.tenant] = max(mine, min(busy)) if busy else mine
+        self._queued[work.tenant] += 1
         q.queues.setdefault(work.tenant, collections.deque()).append(work)
         self._ready.add(work.island)
 
@@ -103,15 +110,19 @@ class GangScheduler:
         if seconds is not None and work.cost_key:
             old = self._cost.get(work.cost_key)
             self._cost[work.cost_key] = seconds if old is None else 0.8 * old + 0.2 * seconds
-        for island, q in self._islands.items():
-            if q.window_key == key and not q.empty():
-                self._ready.add(island)
+        self._wake(key)
         return work
+
+    def _wake(self, key: str) -> None:
+        for island in self._by_key.get(key, ()):
+            q = self._islands.get(island)
+            if q is not None and not q.empty():
+                self._ready.add(island)
 
     def cancel(self, tenant: int) -> list[Work]:
         """Drop the tenant's queued work (not what is in flight). Returns what was dropped."""
         dropped: list[Work] = []
-        for q in self._islands.values():
+        for island, q in self._islands.items():
             dq = q.queues.pop(tenant, None)
             if dq:
                 dropped.extend(w for w in dq if w.kind == "run")
@@ -119,9 +130,8 @@ class GangScheduler:
                 keep = collections.deque(w for w in dq if w.kind == "drop")
                 if keep:
                     q.queues[tenant] = keep
-        for island, q in self._islands.items():
-            if not q.empty():
-                self._ready.add(island)
+                    self._ready.add(island)
+        self._queued[tenant] -= len(dropped)
         return dropped
 
     def fail_island(self, island: str) -> list[Work]:
@@ -129,14 +139,20 @@ class GangScheduler:
         q = self._islands.pop(island, None)
         out: list[Work] = []
         if q is not None:
-            for dq in q.queues.values():
+            self._by_key.get(q.window_key, set()).discard(island)
+            for tenant, dq in q.queues.items():
+                self._queued[tenant] -= len(dq)
                 out.extend(w for w in dq if w.kind == "run")
+        keys = set()
         for lid, (key, work) in list(self._inflight_lids.items()):
             if work.island == island:
                 del self._inflight_lids[lid]
                 self._inflight[key] -= 1
+                keys.add(key)
                 out.append(work)
         self._ready.discard(island)
+        for key in keys:
+            self._wake(key)
         return out
 
     def dispatch(self) -> list[Work]:
@@ -153,19 +169,36 @@ class GangScheduler:
                     break
                 head = q.queues[tenant][0]
                 if head.kind == "run" and self._inflight[q.window_key] >= self.window:
-                    # Drops need no window slot, but order within a tenant is kept, so a
-                    # drop behind a blocked run waits with it.
+                    # The window is full. Deletions need no slot: send every tenant's
+                    # drops that stand at the head of its queue (order within a tenant
+                    # is kept, so a drop behind a blocked run waits with it).
+                    out.extend(self._heads_that_are_drops(q))
                     break
-                q.queues[tenant].popleft()
-                if not q.queues[tenant]:
-                    del q.queues[tenant]
+                self._pop(q, tenant)
                 if head.kind == "run":
                     self._inflight[q.window_key] += 1
                     self._inflight_lids[head.lid] = (q.window_key, head)
                     cost = self._cost.get(head.cost_key, self.DEFAULT_COST)
-                    self._pass[tenant] += cost / self._weight.get(tenant, 1.0)
+                    self._pass[tenant] = self._pass.get(tenant, 0.0) + cost / self._weight.get(
+                        tenant, 1.0
+                    )
                     self._dispatched += 1
                 out.append(head)
+        return out
+
+    def _pop(self, q: _IslandQueue, tenant: int) -> Work:
+        dq = q.queues[tenant]
+        work = dq.popleft()
+        if not dq:
+            del q.queues[tenant]
+        self._queued[tenant] -= 1
+        return work
+
+    def _heads_that_are_drops(self, q: _IslandQueue) -> list[Work]:
+        out = []
+        for tenant in list(q.queues):
+            while tenant in q.queues and q.queues[tenant][0].kind == "drop":
+                out.append(self._pop(q, tenant))
         return out
 
     def _pick(self, q: _IslandQueue) -> int | None:
@@ -180,8 +213,11 @@ class GangScheduler:
         return best
 
     def forget_tenant(self, tenant: int) -> None:
-        self._pass.pop(tenant, None)
-        self._weight.pop(tenant, None)
+        """The tenant left; its queues were already cancelled."""
+        if not self._queued[tenant]:
+            self._pass.pop(tenant, None)
+            self._weight.pop(tenant, None)
+            del self._queued[tenant]
 
     def inflight_lids(self) -> Iterable[int]:
         return self._inflight_lids.keys()

@@ -714,6 +714,7 @@ class Controller:
                     )
         self.events.add("tenant_leave", t.tenant, detail=why)
         self.tenants.remove(t.tenant)
+        self.scheduler.forget_tenant(t.tenant)
 
     # dispatch -----------------------------------------------------------------------
     def _ensure_program(self, host: str, pid: str) -> None:
