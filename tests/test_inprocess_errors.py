@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -149,7 +150,7 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach only the main thread")
     vs = client.allocate({"data": 2})
-    client.inject_fault(vs, match="held", kind="delay:1.0")
+    client.inject_fault(vs, match="held", kind="delay:3.0")
     x = vs.put(np.ones(2, np.float32), P("data"))
     held = pw.jit(lambda x: x + 1, name="held")
     outs = [held(x) for _ in range(50)]
@@ -159,7 +160,7 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
     def interrupt() -> None:
         # Wait until the main thread is blocked in fetch, then press "interrupt kernel".
         deadline = time.monotonic() + 10
-        while client._io._futures == {} and time.monotonic() < deadline:
+        while not _waiting_in_fetch(main) and time.monotonic() < deadline:
             time.sleep(0.01)
         signal.pthread_kill(main, signal.SIGINT)
 
@@ -177,3 +178,12 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
         except pw.RemoteError as exc:
             kinds.add(exc.kind)
     assert "cancelled" in kinds
+
+
+def _waiting_in_fetch(thread_id: int) -> bool:
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code.co_name == "request" and frame.f_code.co_filename.endswith("_direct.py"):
+            return True
+        frame = frame.f_back
+    return False

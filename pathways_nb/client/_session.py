@@ -30,6 +30,7 @@ from pathways_nb._core import (
     local_versions,
     validate_mesh_shape,
 )
+from pathways_nb.client._direct import DirectChannels
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, _is_remote, jit
 from pathways_nb.client._remote import RemoteArray
@@ -128,6 +129,7 @@ class Client:
         self._io = IOThread(self._ctx, controller, self._on_push, heartbeat=1.0)
         self._io.start()
         versions = local_versions()
+        self._direct = DirectChannels(self._ctx, versions.to_dict())
         try:
             h, _ = self._io.request(
                 {
@@ -168,6 +170,7 @@ class Client:
             return
         self._closed = True
         self._io.stop()
+        self._direct.close()
         if self._own_ctx:
             self._ctx.term()
         if Client._current is self:
@@ -327,18 +330,14 @@ class Client:
     def fetch(self, tree: Any) -> Any:
         """Values of every RemoteArray in ``tree`` (any pytree), as NumPy arrays."""
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
-        futs: list[Any] = []
-        for leaf in leaves:
-            if isinstance(leaf, RemoteArray):
-                futs.append(self._request_array(leaf, "fetch"))
-            else:
-                futs.append(None)
+        remote = [x for x in leaves if isinstance(x, RemoteArray)]
+        replies = iter(self._request(remote, "fetch"))
         out = []
-        for leaf, fut in zip(leaves, futs, strict=True):
-            if fut is None:
+        for leaf in leaves:
+            if not isinstance(leaf, RemoteArray):
                 out.append(leaf)
                 continue
-            h, bufs = self._wait(fut)
+            h, bufs = next(replies)
             shape, dtype = tuple(h["shape"]), np.dtype(h["dtype"])
             arr = (
                 np.frombuffer(bufs[0], dtype=dtype).reshape(shape)
@@ -351,20 +350,29 @@ class Client:
                 out.append(arr)
         return jax.tree.unflatten(treedef, out)
 
-    def _request_array(self, x: RemoteArray, kind: str) -> Any:
+    def _request(self, xs: Sequence[RemoteArray], kind: str) -> list[Any]:
+        """Ask the owning hosts directly for ``kind`` ("fetch" or "wait") of each array."""
         self._check_open()
-        x._check_usable()
-        if x._client is not self:
-            raise ValueError("this RemoteArray belongs to another client")
-        err = self._error_of(x)
-        if err is not None:
-            raise err
-        x.slice.check_active()
-        return self._io.host_request(x.slice.data_address, {"t": kind, "handle": x.handle})
+        for x in xs:
+            x._check_usable()
+            if x._client is not self:
+                raise ValueError("this RemoteArray belongs to another client")
+            err = self._error_of(x)
+            if err is not None:
+                raise err
+            x.slice.check_active()
+        if not xs:
+            return []
 
-    def _wait(self, fut: Any) -> Any:
+        def check() -> None:
+            self._check_open()
+            for x in xs:
+                x.slice.check_active()
+
         try:
-            return fut.result()
+            return self._direct.request(
+                [(x.slice.data_address, {"t": kind, "handle": x.handle}) for x in xs], check
+            )
         except KeyboardInterrupt:
             self.cancel()
             raise
@@ -372,9 +380,7 @@ class Client:
             raise exc from None
 
     def _wait_ready(self, xs: Sequence[RemoteArray]) -> None:
-        futs = [self._request_array(x, "wait") for x in xs]
-        for f in futs:
-            self._wait(f)
+        self._request(xs, "wait")
 
     def _error_of(self, x: RemoteArray) -> RemoteError | None:
         return self._errors.get(x.handle)

@@ -291,6 +291,8 @@ class Executor:
                     for hd in outs:
                         self.store.fail(hd, err)
                     self._failures += 1
+            if err is None:
+                self.store.mark_ready(outs)
             t1 = time.time()
             start = max(t0, self._prev_end)
             self._prev_end = t1

@@ -45,6 +45,7 @@ _CONTROLLER_TYPES = frozenset(
 )
 _DATA_TYPES = frozenset({"hello", "put", "fetch", "wait"})
 _TO_CONTROLLER = b"c"
+_INLINE_BYTES = 1 << 20
 
 
 class Host:
@@ -85,6 +86,7 @@ class Host:
         self._client_ok: set[bytes] = set()
         self._meshes: dict[tuple[Any, ...], Any] = {}
         self.data_address = ""
+        self._loop_ident = -1
 
     # lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> Host:
@@ -152,10 +154,18 @@ class Host:
         self._outbox.send(_TO_CONTROLLER, encode(header))
 
     def _to_client(self, identity: bytes, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
+        if threading.get_ident() == self._loop_ident:
+            try:
+                self._data.send_multipart([identity, *encode(header, bufs)], copy=False)
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+            return
         self._outbox.send(b"d" + identity, encode(header, bufs))
 
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
+        self._loop_ident = threading.get_ident()
         poller = zmq.Poller()
         poller.register(self._ctl, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
@@ -251,9 +261,15 @@ class Host:
             rid, handle = h["rid"], h["handle"]
 
             def answer(entry: Entry) -> None:
-                self._pool.submit(self._answer, identity, rid, kind, entry)
+                # Small ready arrays are answered by whichever thread learns they are
+                # ready (this one, or the completion thread); big ones go to the pool so
+                # no loop stalls on a copy.
+                if entry.error is not None or kind == "wait" or entry.nbytes <= _INLINE_BYTES:
+                    self._answer(identity, rid, kind, entry)
+                else:
+                    self._pool.submit(self._answer, identity, rid, kind, entry)
 
-            self.store.when_present(handle, answer)
+            self.store.when_ready(handle, answer)
 
     def _hello(self, identity: bytes, h: dict[str, Any]) -> None:
         try:
@@ -291,7 +307,7 @@ class Host:
             impl = h.get("key_impl")
             if impl:
                 value = jax.random.wrap_key_data(value, impl=impl)
-            self.store.set(h["handle"], value, arr.nbytes, ("put", ""))
+            self.store.set(h["handle"], value, arr.nbytes, ("put", ""), ready=True)
             self._data.send_multipart([identity, *encode({"t": "reply", "rid": rid})])
         except Exception as exc:
             err = to_remote(exc, "invalid", program="put", slice="", host=self.name)

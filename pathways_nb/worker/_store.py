@@ -22,6 +22,8 @@ class Entry:
     nbytes: int = 0
     # (program, slice) that made it, so late failures name their origin.
     origin: tuple[str, str] = ("", "")
+    # True once its computation finished (the completion thread says so).
+    ready: bool = False
 
 
 Waiter = Callable[[Entry], None]
@@ -43,6 +45,7 @@ class ObjectStore:
         self.limit = limit
         self._entries: dict[int, Entry] = {}
         self._waiters: dict[int, list[Waiter]] = {}
+        self._ready_waiters: dict[int, list[Waiter]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -56,11 +59,41 @@ class ObjectStore:
                 "need (`del x` or `x.delete()`) or raise PATHWAYS_STORE_LIMIT_BYTES"
             )
 
-    def set(self, handle: int, value: Any, nbytes: int, origin: tuple[str, str] = ("", "")) -> None:
-        self._set(handle, Entry(value=value, nbytes=nbytes, origin=origin))
+    def set(
+        self,
+        handle: int,
+        value: Any,
+        nbytes: int,
+        origin: tuple[str, str] = ("", ""),
+        ready: bool = False,
+    ) -> None:
+        self._set(handle, Entry(value=value, nbytes=nbytes, origin=origin, ready=ready))
 
     def fail(self, handle: int, error: RemoteError) -> None:
-        self._set(handle, Entry(error=error))
+        self._set(handle, Entry(error=error, ready=True))
+
+    def mark_ready(self, handles: Iterable[int]) -> None:
+        """The computations behind ``handles`` finished: answer who waits for them."""
+        calls = []
+        with self._lock:
+            for h in handles:
+                entry = self._entries.get(h)
+                if entry is None:
+                    continue
+                entry.ready = True
+                for w in self._ready_waiters.pop(h, ()):
+                    calls.append((w, entry))
+        for w, entry in calls:
+            w(entry)
+
+    def when_ready(self, handle: int, waiter: Waiter) -> None:
+        """Call ``waiter(entry)`` once the handle's value is computed or has failed."""
+        with self._lock:
+            entry = self._entries.get(handle)
+            if entry is None or not entry.ready:
+                self._ready_waiters.setdefault(handle, []).append(waiter)
+                return
+        waiter(entry)
 
     def _set(self, handle: int, entry: Entry) -> None:
         with self._lock:
@@ -69,7 +102,9 @@ class ObjectStore:
                 self._bytes -= old.nbytes
             self._entries[handle] = entry
             self._bytes += entry.nbytes
-            waiters = self._waiters.pop(handle, ())
+            waiters = list(self._waiters.pop(handle, ()))
+            if entry.ready:
+                waiters.extend(self._ready_waiters.pop(handle, ()))
             self._cond.notify_all()
         for w in waiters:
             w(entry)
@@ -107,9 +142,12 @@ class ObjectStore:
         """Answer every parked waiter with an error (the host is shutting down)."""
         with self._lock:
             waiters, self._waiters = self._waiters, {}
+            for h, ws in self._ready_waiters.items():
+                waiters.setdefault(h, []).extend(ws)
+            self._ready_waiters = {}
         for h, ws in waiters.items():
             for w in ws:
-                w(Entry(error=make_error(h)))
+                w(Entry(error=make_error(h), ready=True))
 
     @property
     def bytes(self) -> int:
@@ -122,5 +160,6 @@ class ObjectStore:
                 errors=sum(1 for e in self._entries.values() if e.error is not None),
                 bytes=self._bytes,
                 limit=self.limit,
-                waiters=sum(len(w) for w in self._waiters.values()),
+                waiters=sum(len(w) for w in self._waiters.values())
+                + sum(len(w) for w in self._ready_waiters.values()),
             )

@@ -1,0 +1,116 @@
+"""Per-thread sockets to hosts, for ``fetch`` and ``block_until_ready``.
+
+A thread that waits for values talks to the hosts itself: the request leaves and the
+answer arrives on the waiting thread's own DEALER, with no hand-off through the IO thread
+in either direction. Launches still leave through the IO thread, which keeps their order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from pathways_nb._core import (
+    BrokenError,
+    ClosedError,
+    ProtocolError,
+    RemoteError,
+    VersionMismatchError,
+)
+from pathways_nb.wire import connect, decode, encode
+
+Reply = tuple[dict[str, Any], list[Any]]
+
+
+class DirectChannels:
+    """Sockets owned by the threads that use them; closed together by :meth:`close`."""
+
+    def __init__(self, ctx: zmq.Context[Any], versions: dict[str, Any]) -> None:
+        self._ctx = ctx
+        self._versions = versions
+        self._local = threading.local()
+        self._all: list[zmq.Socket[Any]] = []
+        self._lock = threading.Lock()
+        self._rids = itertools.count(1)
+        self._closed = False
+
+    def _socket(self, address: str) -> zmq.Socket[Any]:
+        socks: dict[str, zmq.Socket[Any]] | None = getattr(self._local, "socks", None)
+        if socks is None:
+            socks = self._local.socks = {}
+        sock = socks.get(address)
+        if sock is not None:
+            return sock
+        with self._lock:
+            if self._closed:
+                raise ClosedError("the client was closed")
+            sock = connect(self._ctx, zmq.DEALER, address)
+            self._all.append(sock)
+        rid = next(self._rids)
+        sock.send_multipart(
+            encode({"t": "hello", "role": "client", "rid": rid, "versions": self._versions})
+        )
+        if not sock.poll(30_000):
+            raise BrokenError(f"host at {address} did not answer the handshake within 30 s")
+        h = decode(sock.recv_multipart()).header
+        if h["t"] == "refuse":
+            raise VersionMismatchError(f"host at {address} refused this client: {h.get('reason')}")
+        if h["t"] != "welcome":
+            raise ProtocolError(f"host at {address} answered the handshake with {h['t']!r}")
+        socks[address] = sock
+        return sock
+
+    def request(
+        self,
+        requests: Sequence[tuple[str, dict[str, Any]]],
+        check: Callable[[], None],
+    ) -> list[Reply]:
+        """Send every ``(address, header)``; return the replies in the same order.
+
+        ``check()`` runs every 100 ms while waiting; it raises to stop the wait (the
+        client closed, a host was lost). A failed reply raises its RemoteError.
+        """
+        order: dict[int, int] = {}
+        poller = zmq.Poller()
+        for i, (address, header) in enumerate(requests):
+            sock = self._socket(address)
+            rid = next(self._rids)
+            order[rid] = i
+            sock.send_multipart(encode({**header, "rid": rid}), copy=False)
+            poller.register(sock, zmq.POLLIN)
+        out: list[Reply | None] = [None] * len(requests)
+        missing = len(requests)
+        while missing:
+            ready = poller.poll(100)
+            if not ready:
+                check()
+                continue
+            for sock, _ in ready:
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    msg = decode(frames)
+                    i = order.pop(msg.header.get("rid", -1), -1)
+                    if i < 0:
+                        continue  # an answer to a wait that was interrupted earlier
+                    h = msg.header
+                    if h["t"] == "failed":
+                        raise RemoteError.from_dict(h.get("error") or {})
+                    if h["t"] == "error":
+                        raise ProtocolError(h.get("message", ""))
+                    out[i] = (h, msg.buffers)
+                    missing -= 1
+        return [r for r in out if r is not None]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            socks, self._all = self._all, []
+        for s in socks:
+            s.close(0)
