@@ -7,7 +7,6 @@ Launches, deletions and put notes submitted while the thread was busy leave as o
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import threading
@@ -27,6 +26,7 @@ log = logging.getLogger("pathways_nb.client")
 _CONTROLLER = b"c"
 _BATCHED = b"b"
 _HOST = b"h"
+_DELETE = b"x"
 _MAX_BATCH = 512
 
 
@@ -50,10 +50,6 @@ class IOThread:
         self._lock = threading.Lock()
         self._on_push = on_push
         self._heartbeat = heartbeat
-        # (outbox messages sent before it, handle): a delete leaves only after everything
-        # submitted before it, so no launch can find its input already gone.
-        self.deletes: collections.deque[tuple[int, int]] = collections.deque()
-        self._received = 0
         self._poller = zmq.Poller()
         self._poller.register(self._ctl, zmq.POLLIN)
         self._poller.register(self._outbox.socket, zmq.POLLIN)
@@ -72,7 +68,7 @@ class IOThread:
         if self._thread is None or self._stopping.is_set():
             return
         self._stopping.set()
-        self._outbox.send(b"w", [b""])
+        self._outbox.send(b"w", None)
         self._thread.join()
         self._ctl.close(0)
         for s in self._hosts.values():
@@ -106,7 +102,7 @@ class IOThread:
 
     def send_batched(self, header: dict[str, Any]) -> None:
         """Send a small header that may share a ``batch`` message with its neighbours."""
-        self._outbox.send(_BATCHED, [msgpack.packb(header, use_bin_type=True)])
+        self._outbox.send(_BATCHED, msgpack.packb(header, use_bin_type=True))
 
     def host_request(
         self, address: str, header: dict[str, Any], bufs: Sequence[Any] = ()
@@ -131,22 +127,19 @@ class IOThread:
         last_beat = time.monotonic()
         while not self._stopping.is_set():
             ready = dict(self._poller.poll(50))
-            if self._outbox.socket in ready:
-                self._drain_outbox()
+            # Deletions queue without ringing, so drain on every turn, not only when rung.
+            self._drain_outbox()
             if self._ctl in ready:
                 self._drain(self._ctl, None)
             for sock, host in list(self._host_of_socket.items()):
                 if sock in ready:
                     self._drain(sock, host)
-            if self.deletes:
-                self._flush_deletes()
             now = time.monotonic()
             if now - last_beat > self._heartbeat:
                 self._safe_send(self._ctl, encode({"t": "heartbeat"}))
                 last_beat = now
         # Best effort: tell the controller we are gone so it frees our slices at once.
         self._drain_outbox()
-        self._flush_deletes(everything=True)
         self._safe_send(self._ctl, encode({"t": "bye"}))
 
     def _safe_send(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
@@ -156,31 +149,31 @@ class IOThread:
             log.warning("client send failed: %s", exc)
 
     def delete_soon(self, handle: int) -> None:
-        """Queue a deletion; safe from any thread, including from ``__del__``."""
-        self.deletes.append((self._outbox.sent, handle))
+        """Queue a deletion; safe from any thread, including from ``__del__``.
 
-    def _flush_deletes(self, everything: bool = False) -> None:
-        handles: list[int] = []
-        while self.deletes and len(handles) < 4096:
-            stamp, handle = self.deletes[0]
-            if stamp > self._received and not everything:
-                break
-            self.deletes.popleft()
-            handles.append(handle)
-        if handles:
-            self._safe_send(self._ctl, encode({"t": "delete", "handles": handles}))
+        It travels in the same queue as launches, so it leaves after every launch
+        submitted before it: no launch can find its input already gone.
+        """
+        self._outbox.send(_DELETE, handle, wake=False)
 
     def _drain_outbox(self) -> None:
         batch: list[Any] = []
-        for _ in range(10_000):
-            try:
-                frames = self._outbox.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self._received += 1
-            target = bytes(frames[0].buffer)
+        deletes: list[int] = []
+
+        def close_deletes() -> None:
+            if deletes:
+                batch.append(msgpack.packb({"t": "delete", "handles": list(deletes)}))
+                deletes.clear()
+
+        for target, payload in self._outbox.drain():
+            if target == _DELETE:
+                deletes.append(payload)
+                if len(deletes) >= 4096:
+                    close_deletes()
+                continue
+            close_deletes()
             if target == _BATCHED:
-                batch.append(frames[1])
+                batch.append(payload)
                 if len(batch) >= _MAX_BATCH:
                     self._send_batch(batch)
                     batch = []
@@ -189,9 +182,10 @@ class IOThread:
                 self._send_batch(batch)
                 batch = []
             if target == _CONTROLLER:
-                self._safe_send(self._ctl, frames[1:])
+                self._safe_send(self._ctl, payload)
             elif target.startswith(_HOST):
-                self._safe_send(self._host_socket(target[1:].decode()), frames[1:])
+                self._safe_send(self._host_socket(target[1:].decode()), payload)
+        close_deletes()
         if batch:
             self._send_batch(batch)
 

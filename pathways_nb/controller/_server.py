@@ -16,7 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
 import zmq
 
 from pathways_nb._core import (
@@ -170,7 +169,7 @@ class Controller:
             return
         self._stopping.set()
         assert self._outbox is not None
-        self._outbox.send(b"wake", [b""])
+        self._outbox.send(b"wake", None)
         self._thread.join()
         self._clients.close(0)
         self._hosts.close(0)
@@ -188,14 +187,14 @@ class Controller:
     def host_lost(self, host: str, reason: str = "the cluster reported it gone") -> None:
         """Tell the controller a host died (called from the Dask scheduler plugin)."""
         if self._outbox is not None:
-            self._outbox.send(b"host_lost", [msgpack.packb([host, reason])])
+            self._outbox.send(b"host_lost", (host, reason))
 
     def statistics(self, timeout: float = 10.0) -> ControllerStatistics:
         """A consistent snapshot, taken on the controller's own thread."""
         fut: concurrent.futures.Future[ControllerStatistics] = concurrent.futures.Future()
         self._pending_stats.append(fut)
         assert self._outbox is not None
-        self._outbox.send(b"stats", [b""])
+        self._outbox.send(b"stats", None)
         return fut.result(timeout)
 
     # the loop -----------------------------------------------------------------------
@@ -215,7 +214,8 @@ class Controller:
             if self._clients in ready:
                 self._drain(self._clients, self._on_client_frames)
             if self._outbox.socket in ready:
-                self._drain(self._outbox.socket, self._on_internal)
+                for kind, payload in self._outbox.drain():
+                    self._on_internal(kind, payload)
             self._flush()
             if time.monotonic() >= next_tick:
                 self._tick()
@@ -233,10 +233,9 @@ class Controller:
                 # A bug in one handler must not take the controller down; log it loudly.
                 log.exception("controller failed handling a message")
 
-    def _on_internal(self, frames: list[Any]) -> None:
-        kind = bytes(frames[0].buffer)
+    def _on_internal(self, kind: bytes, payload: Any) -> None:
         if kind == b"host_lost":
-            host, reason = msgpack.unpackb(frames[1].buffer)
+            host, reason = payload
             self._lose_host(host, reason)
         elif kind == b"stats":
             while self._pending_stats:

@@ -7,10 +7,10 @@ socket is owned by one thread; other threads reach it through an :class:`Outbox`
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -76,10 +76,12 @@ def connect(
 
 
 class Outbox:
-    """Lets any thread hand frames to the thread that owns a loop.
+    """Lets any thread hand work to the thread that owns a loop.
 
-    Producers push onto an ``inproc`` PUSH socket under a lock; the owner polls the
-    matching PULL socket beside its network sockets. The first frame names the target.
+    Producers append ``(target, payload)`` to a deque; only the first item after the owner
+    last drained also rings a bell (one byte on an ``inproc`` PUSH), so a burst of
+    submissions costs one wake-up, not a socket send each. The owner polls :attr:`socket`
+    beside its network sockets and calls :meth:`drain`.
     """
 
     def __init__(self, ctx: zmq.Context[Any], name: str) -> None:
@@ -93,22 +95,43 @@ class Outbox:
         self._push.setsockopt(zmq.SNDHWM, 0)
         self._push.connect(self.address)
         self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[bytes, Any]] = collections.deque()
+        self._armed = False
         self._closed = False
-        # Messages pushed so far: lets the owner order side channels after them.
-        self.sent = 0
 
     @property
     def socket(self) -> zmq.Socket[Any]:
-        """The PULL end, for the owner's poller."""
+        """The bell's PULL end, for the owner's poller."""
         return self._pull
 
-    def send(self, target: bytes, frames: Sequence[Any]) -> None:
-        """Queue ``frames`` for ``target``; safe from any thread."""
-        with self._lock:
-            if self._closed:
-                return
-            self._push.send_multipart([target, *frames], copy=False)
-            self.sent += 1
+    def send(self, target: bytes, payload: Any, wake: bool = True) -> None:
+        """Queue ``payload`` for ``target``; safe from any thread.
+
+        ``wake=False`` queues without ringing (safe even from ``__del__``): the owner picks
+        it up at its next drain.
+        """
+        self._queue.append((target, payload))
+        if wake and not self._armed:
+            self._armed = True
+            with self._lock:
+                if not self._closed:
+                    self._push.send(b"", copy=True)
+
+    def drain(self) -> list[tuple[bytes, Any]]:
+        """Everything queued, oldest first. Only the owner calls this."""
+        # Silence the bell before re-arming it, and re-arm before emptying the queue, so an
+        # item queued at any moment is either in this drain or rings again.
+        while True:
+            try:
+                self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        self._armed = False
+        out = []
+        q = self._queue
+        while q:
+            out.append(q.popleft())
+        return out
 
     def close(self) -> None:
         with self._lock:

@@ -133,7 +133,7 @@ class Host:
         if self._thread is None or self._stopping.is_set():
             return
         self._stopping.set()
-        self._outbox.send(b"wake", [b""])
+        self._outbox.send(b"wake", None)
         self._thread.join()
         self.executor.stop()
         self.store.fail_waiters(
@@ -173,7 +173,7 @@ class Host:
         while not self._stopping.is_set():
             ready = dict(poller.poll(1000))
             if self._outbox.socket in ready:
-                self._drain_outbox()
+                self._send_outbox()
             if self._ctl in ready:
                 self._drain(self._ctl, self._on_controller)
             if self._data in ready:
@@ -190,18 +190,13 @@ class Host:
             except Exception:
                 log.exception("host %s failed handling a message", self.name)
 
-    def _drain_outbox(self) -> None:
-        while True:
-            try:
-                frames = self._outbox.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            target = bytes(frames[0].buffer)
+    def _send_outbox(self) -> None:
+        for target, frames in self._outbox.drain():
             try:
                 if target == _TO_CONTROLLER:
-                    self._ctl.send_multipart(frames[1:], copy=False)
+                    self._ctl.send_multipart(frames, copy=False)
                 elif target.startswith(b"d"):
-                    self._data.send_multipart([target[1:], *frames[1:]], copy=False)
+                    self._data.send_multipart([target[1:], *frames], copy=False)
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
