@@ -15,6 +15,7 @@ from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError
+from pathways_nb.client._remote import RemoteArray
 
 if TYPE_CHECKING:
     from pathways_nb.client._slice import VirtualSlice
@@ -37,6 +38,12 @@ class Program:
     out_specs: list[PartitionSpec | None]
     donate: tuple[int, ...]
     platform: str
+    # Filled on first launch: the NamedShardings of the outputs, reused by every launch.
+    out_shardings: list[NamedSharding] | None = None
+
+    @property
+    def single_output(self) -> bool:
+        return self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1
 
 
 def _spec_of(sharding: Any) -> PartitionSpec | None:
@@ -106,21 +113,22 @@ class RemoteFunction:
         return functools.partial(self, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from pathways_nb.client._remote import RemoteArray
         from pathways_nb.client._session import Client
 
         if self.slice is not None:
-            client = self.slice._client
-        else:
-            first = next(
-                (
-                    x
-                    for x in jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
-                    if isinstance(x, RemoteArray)
-                ),
-                None,
-            )
-            client = first._client if first is not None else Client.current()
+            return self.slice._client._call(self, args, kwargs)
+        for a in args:
+            if type(a) is RemoteArray:
+                return a._client._call(self, args, kwargs)
+        first = next(
+            (
+                x
+                for x in jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
+                if isinstance(x, RemoteArray)
+            ),
+            None,
+        )
+        client = first._client if first is not None else Client.current()
         return client._call(self, args, kwargs)
 
     # the JAX-like extras ------------------------------------------------------------
@@ -144,6 +152,8 @@ class RemoteFunction:
     # helpers used by the client ------------------------------------------------------
     def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """Separate static from dynamic arguments: ((args, kwargs) dynamic, static key)."""
+        if not self.static_argnums and not self.static_argnames:
+            return (args, kwargs), ((), (), len(args))
         for i in self.static_argnums:
             if i >= len(args):
                 raise TypeError(f"{self.name}: static_argnums has {i} but only {len(args)} args")
@@ -302,9 +312,7 @@ def _is_spec_leaf(x: Any) -> bool:
 
 
 def _is_remote(x: Any) -> bool:
-    from pathways_nb.client._remote import RemoteArray
-
-    return isinstance(x, RemoteArray)
+    return type(x) is RemoteArray
 
 
 def _abstract_leaf(x: Any) -> Any:

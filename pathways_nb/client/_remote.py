@@ -31,6 +31,7 @@ class RemoteArray:
         "_client",
         "_deleted",
         "_lid",
+        "_sig",
         "dtype",
         "handle",
         "shape",
@@ -58,6 +59,8 @@ class RemoteArray:
         self.slice = slice
         self._lid = lid
         self._deleted = False
+        # What pw.jit's program cache keys on; computed once.
+        self._sig = (self.shape, dtype, sharding.spec)
 
     # metadata -------------------------------------------------------------------------
     @property

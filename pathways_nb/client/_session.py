@@ -397,7 +397,8 @@ class Client:
     def _call(self, f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check_open()
         dyn, static = f._split(args, kwargs)
-        leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
+        # RemoteArray is not a pytree node, so it is a leaf without an is_leaf callback.
+        leaves, treedef = jax.tree.flatten(dyn)
         vs = self._choose_slice(f, leaves)
         in_specs = f._leaf_specs(treedef)
         arrays: list[RemoteArray] = []
@@ -407,15 +408,8 @@ class Client:
                 arrays.append(leaf)
             else:
                 arrays.append(self._put(vs, leaf, in_specs[i] or PartitionSpec()))
-        donate = tuple(sorted(f._donated_leaves(args, kwargs)))
-        key = (
-            treedef,
-            tuple((a.shape, str(a.dtype), a.sharding.spec) for a in arrays),
-            static,
-            tuple(vs.mesh_shape.items()),
-            vs.platform,
-            donate,
-        )
+        donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donate_argnums else ()
+        key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
         prog = f._programs.get(key)
         if prog is None:
             avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
@@ -477,8 +471,7 @@ class Client:
         self._backpressure()
         lid = self._ids.next()
         outs = [self._ids.next() for _ in prog.out_avals]
-        with self._lock:
-            self._pending[lid] = outs
+        self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under the lock
         self._io.send_batched(
             {
                 "t": "launch",
@@ -492,18 +485,16 @@ class Client:
         )
         for i in prog.donate:
             arrays[i]._deleted = True
+        if prog.out_shardings is None:
+            prog.out_shardings = [
+                NamedSharding(vs.abstract_mesh, spec or PartitionSpec()) for spec in prog.out_specs
+            ]
         results = [
-            RemoteArray(
-                self,
-                h,
-                tuple(aval.shape),
-                aval.dtype,
-                NamedSharding(vs.abstract_mesh, spec or PartitionSpec()),
-                vs,
-                lid,
-            )
-            for h, aval, spec in zip(outs, prog.out_avals, prog.out_specs, strict=True)
+            RemoteArray(self, h, aval.shape, aval.dtype, sharding, vs, lid)
+            for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
         ]
+        if prog.single_output:
+            return results[0]
         return jax.tree.unflatten(prog.out_tree, results)
 
     def _backpressure(self) -> None:

@@ -43,6 +43,8 @@ class VirtualSlice:
         self.data_address = data_address
         self.platform = platform
         self.state = "active"
+        # What a traced program depends on: the mesh's shape and the platform.
+        self.signature = (tuple(mesh.items()), platform)
         self._previous: list[VirtualSlice | None] = []
         from jax.sharding import AbstractMesh
 

@@ -189,7 +189,7 @@ class LocalCluster:
         for name in sorted(os.listdir(self._tmp.name)):
             if name.endswith(".log"):
                 with open(os.path.join(self._tmp.name, name), "rb") as f:
-                    text = f.read().decode(errors="replace").strip().splitlines()[-15:]
+                    text = f.read().decode(errors="replace").strip().splitlines()[-60:]
                 tails.append(f"--- {name} ---\n" + "\n".join(text))
         return ("\n" + "\n".join(tails)) if tails else ""
 

@@ -74,6 +74,10 @@ class Executor:
         self._launches = 0
         self._failures = 0
         self._prev_end = 0.0
+        # ids of arrays a dispatched launch donates. XLA may free such a buffer before
+        # JAX marks the array deleted, so the completion thread must not read an error
+        # from waiting on it as a failure of the launch that made it.
+        self._donated: set[int] = set()
 
     # lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -253,6 +257,8 @@ class Executor:
                 fn = self._executable(h["pid"], mesh, donate)
             except Exception as exc:
                 raise to_remote(exc, "compile", program=name, slice=sname, host=self.host) from None
+            donated = [args[i] for i in donate]
+            self._donated.update(id(a) for a in donated)
             results = fn(*args)
             if donate:
                 self.store.drop([h["ins"][i] for i in donate])
@@ -260,13 +266,13 @@ class Executor:
             for hd, arr in zip(outs, leaves, strict=True):
                 self.store.set(hd, arr, int(getattr(arr, "nbytes", 0)), (name, sname))
             self._launches += 1
-            self._done.put((lid, outs, leaves, t0, None, name, sname))
+            self._done.put((lid, outs, leaves, t0, None, name, sname, donated))
         except Exception as exc:
             err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
             for hd in outs:
                 self.store.fail(hd, err)
             self._failures += 1
-            self._done.put((lid, outs, None, t0, err, name, sname))
+            self._done.put((lid, outs, None, t0, err, name, sname, []))
 
     # completion thread --------------------------------------------------------------
     def _completion_loop(self) -> None:
@@ -282,10 +288,10 @@ class Executor:
                 if acks:
                     self._send({"t": "acks", "items": acks})
                 return
-            lid, outs, leaves, t0, err, name, sname = item
+            lid, outs, leaves, t0, err, name, sname, donated = item
             if err is None:
                 try:
-                    _wait_outputs(leaves)
+                    _wait_outputs(leaves, self._donated)
                 except Exception as exc:
                     err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
                     for hd in outs:
@@ -293,6 +299,9 @@ class Executor:
                     self._failures += 1
             if err is None:
                 self.store.mark_ready(outs)
+            # This launch ran, so the arrays it donated are gone for good: stop tracking them.
+            self._donated.difference_update(id(a) for a in donated)
+            del donated
             t1 = time.time()
             start = max(t0, self._prev_end)
             self._prev_end = t1
@@ -311,7 +320,7 @@ class Executor:
         )
 
 
-def _wait_outputs(leaves: list[Any]) -> None:
+def _wait_outputs(leaves: list[Any], donated: set[int]) -> None:
     """Wait for a launch's outputs; an output a later launch already donated is done."""
     for leaf in leaves:
         if leaf.is_deleted():
@@ -319,7 +328,7 @@ def _wait_outputs(leaves: list[Any]) -> None:
         try:
             leaf.block_until_ready()
         except Exception:
-            # Donated between the check and the wait: a later program consumed it,
-            # so it was computed. Anything else is the program's own failure.
-            if not leaf.is_deleted():
+            # A later program consumed it (donation), so it was computed. Anything else
+            # is the program's own failure.
+            if id(leaf) not in donated and not leaf.is_deleted():
                 raise
