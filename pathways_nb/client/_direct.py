@@ -21,7 +21,7 @@ from pathways_nb._core import (
     RemoteError,
     VersionMismatchError,
 )
-from pathways_nb.wire import connect, decode, encode
+from pathways_nb.wire import connect, decode, encode, receive
 
 Reply = tuple[dict[str, Any], list[Any]]
 
@@ -90,11 +90,7 @@ class DirectChannels:
                 check()
                 continue
             for sock, _ in ready:
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
+                for frames in receive(sock, 10_000):
                     msg = decode(frames)
                     i = order.pop(msg.header.get("rid", -1), -1)
                     if i < 0:

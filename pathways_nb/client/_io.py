@@ -19,7 +19,7 @@ import zmq
 
 from pathways_nb._core import BrokenError, ClosedError, ProtocolError, RemoteError
 from pathways_nb.client._futures import Future
-from pathways_nb.wire import Outbox, connect, decode, encode
+from pathways_nb.wire import Outbox, connect, decode, encode, receive
 
 log = logging.getLogger("pathways_nb.client")
 
@@ -205,11 +205,7 @@ class IOThread:
         return sock
 
     def _drain(self, sock: zmq.Socket[Any], host: str | None) -> None:
-        for _ in range(10_000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in receive(sock, 10_000):
             try:
                 msg = decode(frames)
             except ProtocolError as exc:

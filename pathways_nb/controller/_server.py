@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
 import zmq
 
 from pathways_nb._core import (
@@ -36,10 +37,15 @@ from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._resources import HostInfo, ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics, Work
 from pathways_nb.controller._tenants import Tenant, Tenants
-from pathways_nb.wire import Outbox, bind, check, decode, encode
+from pathways_nb.wire import Outbox, bind, check, decode, encode, receive
 from pathways_nb.wire._messages import error_header
 
 log = logging.getLogger("pathways_nb.controller")
+
+
+def _pack(header: dict[str, Any]) -> bytes:
+    return bytes(msgpack.packb(header, use_bin_type=True))
+
 
 _CLIENT_TYPES = frozenset(
     {
@@ -222,11 +228,7 @@ class Controller:
                 next_tick = time.monotonic() + 0.5
 
     def _drain(self, sock: zmq.Socket[Any], handler: Any) -> None:
-        for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in receive(sock):
             try:
                 handler(frames)
             except Exception:
@@ -728,29 +730,41 @@ class Controller:
                 have.add(pid)
 
     def _flush(self) -> None:
+        """Send what the gang scheduler released, one batch message per host."""
+        batches: dict[str, list[bytes]] = {}
         for w in self.scheduler.dispatch():
             if w.kind == "drop":
                 host, handles = w.body
-                self._send_host(host, {"t": "drop", "handles": handles})
+                batches.setdefault(host, []).append(_pack({"t": "drop", "handles": handles}))
                 continue
             s, h = w.body
             w.body = None
-            self._ensure_program(s.host, h["pid"])
-            self._send_host(
-                s.host,
-                {
-                    "t": "run",
-                    "lid": h["lid"],
-                    "slice": s.slice,
-                    "pid": h["pid"],
-                    "ins": h["ins"],
-                    "outs": h["outs"],
-                    "donate": h["donate"],
-                    "devices": s.devices,
-                    "mesh": [[k, v] for k, v in s.mesh.items()],
-                    "name": s.name,
-                },
+            if h["pid"] not in self._host_programs.get(s.host, ()):
+                # The program's bytes travel on their own, after what is already batched.
+                self._send_batch(s.host, batches.pop(s.host, []))
+                self._ensure_program(s.host, h["pid"])
+            batches.setdefault(s.host, []).append(
+                _pack(
+                    {
+                        "t": "run",
+                        "lid": h["lid"],
+                        "slice": s.slice,
+                        "pid": h["pid"],
+                        "ins": h["ins"],
+                        "outs": h["outs"],
+                        "donate": h["donate"],
+                        "devices": s.devices,
+                        "mesh": [[k, v] for k, v in s.mesh.items()],
+                        "name": s.name,
+                    }
+                )
             )
+        for host, frames in batches.items():
+            self._send_batch(host, frames)
+
+    def _send_batch(self, host: str, frames: list[bytes]) -> None:
+        if frames:
+            self._send_host(host, {"t": "batch"}, frames)
 
     def _statistics(self) -> ControllerStatistics:
         return ControllerStatistics(

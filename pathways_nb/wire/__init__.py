@@ -11,6 +11,7 @@ from pathways_nb.wire._transport import (
     connect,
     make_context,
     new_inproc_address,
+    receive,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "encode",
     "make_context",
     "new_inproc_address",
+    "receive",
 ]

@@ -32,7 +32,16 @@ from pathways_nb._core import (
     default_config,
     local_versions,
 )
-from pathways_nb.wire import Outbox, bind, check, connect, decode, encode, new_inproc_address
+from pathways_nb.wire import (
+    Outbox,
+    bind,
+    check,
+    connect,
+    decode,
+    encode,
+    new_inproc_address,
+    receive,
+)
 from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
@@ -41,8 +50,20 @@ from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
 log = logging.getLogger("pathways_nb.worker")
 
 _CONTROLLER_TYPES = frozenset(
-    {"welcome", "refuse", "error", "program", "run", "drop", "host_probe", "fault", "fail_outputs"}
+    {
+        "welcome",
+        "refuse",
+        "error",
+        "program",
+        "run",
+        "drop",
+        "host_probe",
+        "fault",
+        "fail_outputs",
+        "batch",
+    }
 )
+_BATCHED_TYPES = frozenset({"run", "drop"})
 _DATA_TYPES = frozenset({"hello", "put", "fetch", "wait"})
 _TO_CONTROLLER = b"c"
 _INLINE_BYTES = 1 << 20
@@ -180,11 +201,7 @@ class Host:
                 self._drain(self._data, self._on_data)
 
     def _drain(self, sock: zmq.Socket[Any], handler: Any) -> None:
-        for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        for frames in receive(sock):
             try:
                 handler(frames)
             except Exception:
@@ -211,7 +228,20 @@ class Host:
             log.warning("host %s dropped a bad controller message: %s", self.name, exc)
             return
         h = msg.header
-        if kind == "welcome":
+        if kind == "batch":
+            # The controller sends what it released in one go as packed run/drop headers.
+            for frame in msg.buffers:
+                try:
+                    sub = decode([frame]).header
+                    sk = check(sub, _BATCHED_TYPES)
+                except ProtocolError as exc:
+                    log.warning("host %s dropped a bad batched message: %s", self.name, exc)
+                    continue
+                if sk == "run":
+                    self.executor.submit("run", sub)
+                else:
+                    self.executor.submit("drop", sub["handles"])
+        elif kind == "welcome":
             self._registered.set()
         elif kind == "refuse":
             self._refused = h["reason"]
