@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -105,9 +106,11 @@ def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCl
         )
 
 
-def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back() -> None:
+def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path) -> None:
+    cache = tmp_path / "xla-cache"
+    env = {"PATHWAYS_COMPILATION_CACHE": str(cache)}
     with (
-        pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False) as c,
+        pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False, env=env) as c,
         pw.Client(c) as client,
     ):
         a = client.allocate({"x": 2})
@@ -126,6 +129,8 @@ def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back() -> None:
         np.testing.assert_array_equal(
             (fresh.put(np.ones(2), P("x")) + 1).fetch(), np.full(2, 2.0, np.float32)
         )
+    # Hosts keep a persistent compilation cache, so a restarted host compiles nothing twice.
+    assert cache.is_dir() and any(cache.iterdir())
 
 
 def test_start_twice_close_twice_leaves_no_processes() -> None:

@@ -202,6 +202,11 @@ class LocalCluster:
                     out[name[:-4]] = f.read().decode(errors="replace")
         return out
 
+    @property
+    def scheduler_pid(self) -> int:
+        """Process id of the Dask scheduler, which hosts the controller."""
+        return self._procs[0].pid
+
     def worker_pids(self) -> list[int]:
         """Process ids of the worker CLIs (nannies), one per island."""
         return [p.pid for p in self._procs[1:]]

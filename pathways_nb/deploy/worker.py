@@ -30,7 +30,9 @@ def _configure_jax() -> None:
     )
     if cache and cache != "0":
         jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        # Every program: a host that restarts (or a remapped slice) recompiles nothing.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 async def dask_setup(worker: Any) -> None:
