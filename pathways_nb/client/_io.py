@@ -14,12 +14,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgpack
 import zmq
 
 from pathways_nb._core import BrokenError, ClosedError, ProtocolError, RemoteError
 from pathways_nb.client._futures import Future
-from pathways_nb.wire import Outbox, connect, decode, encode, receive
+from pathways_nb.wire import Outbox, connect, decode, encode, encode_batch, pack, receive
 
 log = logging.getLogger("pathways_nb.client")
 
@@ -102,7 +101,7 @@ class IOThread:
 
     def send_batched(self, header: dict[str, Any]) -> None:
         """Send a small header that may share a ``batch`` message with its neighbours."""
-        self._outbox.send(_BATCHED, msgpack.packb(header, use_bin_type=True))
+        self._outbox.send(_BATCHED, pack(header))
 
     def host_request(
         self, address: str, header: dict[str, Any], bufs: Sequence[Any] = ()
@@ -162,7 +161,7 @@ class IOThread:
 
         def close_deletes() -> None:
             if deletes:
-                batch.append(msgpack.packb({"t": "delete", "handles": list(deletes)}))
+                batch.append(pack({"t": "delete", "handles": list(deletes)}))
                 deletes.clear()
 
         for target, payload in self._outbox.drain():
@@ -190,10 +189,7 @@ class IOThread:
             self._send_batch(batch)
 
     def _send_batch(self, batch: list[Any]) -> None:
-        if len(batch) == 1:
-            self._safe_send(self._ctl, batch)
-        else:
-            self._safe_send(self._ctl, encode({"t": "batch"}, batch))
+        self._safe_send(self._ctl, [batch[0] if len(batch) == 1 else encode_batch(batch)])
 
     def _host_socket(self, address: str) -> zmq.Socket[Any]:
         sock = self._hosts.get(address)

@@ -16,7 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
 import zmq
 
 from pathways_nb._core import (
@@ -37,14 +36,10 @@ from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._resources import HostInfo, ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics, Work
 from pathways_nb.controller._tenants import Tenant, Tenants
-from pathways_nb.wire import Outbox, bind, check, decode, encode, receive
+from pathways_nb.wire import Outbox, bind, check, decode, encode, encode_batch, pack, receive
 from pathways_nb.wire._messages import error_header
 
 log = logging.getLogger("pathways_nb.controller")
-
-
-def _pack(header: dict[str, Any]) -> bytes:
-    return bytes(msgpack.packb(header, use_bin_type=True))
 
 
 _CLIENT_TYPES = frozenset(
@@ -423,11 +418,12 @@ class Controller:
             return
         t.last_seen = time.monotonic()
         if kind == "batch":
-            # A batch is a header followed by one packed header per frame (launches, deletes,
-            # put notes): the client coalesces what it submitted while we were busy.
-            for frame in msg.buffers:
+            # What the client submitted while we were busy, in one message: launches,
+            # deletions, put notes.
+            for sub in msg.header["msgs"]:
                 try:
-                    sub = decode([frame]).header
+                    if not isinstance(sub, dict):
+                        raise ProtocolError("batch entries must be maps")
                     sk = check(sub, _BATCHABLE)
                 except ProtocolError as exc:
                     self._send_client(identity, error_header(str(exc)))
@@ -735,7 +731,7 @@ class Controller:
         for w in self.scheduler.dispatch():
             if w.kind == "drop":
                 host, handles = w.body
-                batches.setdefault(host, []).append(_pack({"t": "drop", "handles": handles}))
+                batches.setdefault(host, []).append(pack({"t": "drop", "handles": handles}))
                 continue
             s, h = w.body
             w.body = None
@@ -744,7 +740,7 @@ class Controller:
                 self._send_batch(s.host, batches.pop(s.host, []))
                 self._ensure_program(s.host, h["pid"])
             batches.setdefault(s.host, []).append(
-                _pack(
+                pack(
                     {
                         "t": "run",
                         "lid": h["lid"],
@@ -762,9 +758,17 @@ class Controller:
         for host, frames in batches.items():
             self._send_batch(host, frames)
 
-    def _send_batch(self, host: str, frames: list[bytes]) -> None:
-        if frames:
-            self._send_host(host, {"t": "batch"}, frames)
+    def _send_batch(self, host: str, packed: list[bytes]) -> None:
+        if packed:
+            ident = self._host_ident.get(host)
+            if ident is None:
+                return
+            try:
+                self._hosts.send_multipart([ident, encode_batch(packed)])
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._lose_host(host, "its connection to the controller is gone")
 
     def _statistics(self) -> ControllerStatistics:
         return ControllerStatistics(

@@ -3,7 +3,7 @@
 Imports nothing from the rest of the package except ``pathways_nb._core``.
 """
 
-from pathways_nb.wire._codec import Message, decode, encode
+from pathways_nb.wire._codec import Message, decode, encode, encode_batch, pack
 from pathways_nb.wire._messages import SCHEMAS, check
 from pathways_nb.wire._transport import (
     Outbox,
@@ -23,7 +23,9 @@ __all__ = [
     "connect",
     "decode",
     "encode",
+    "encode_batch",
     "make_context",
     "new_inproc_address",
+    "pack",
     "receive",
 ]

@@ -35,6 +35,22 @@ def encode(header: dict[str, Any], buffers: Sequence[Buffer] = ()) -> list[Buffe
     return [msgpack.packb(header, use_bin_type=True), *buffers]
 
 
+def encode_batch(packed: Sequence[bytes]) -> bytes:
+    """One ``batch`` header frame holding already-packed headers under ``"msgs"``.
+
+    msgpack values concatenate, so the packed headers go in as they are, unparsed; the
+    receiver unpacks the whole batch in one call.
+    """
+    p = msgpack.Packer(use_bin_type=True)
+    head = p.pack_map_header(2) + p.pack("t") + p.pack("batch") + p.pack("msgs")
+    return bytes(head + p.pack_array_header(len(packed)) + b"".join(packed))
+
+
+def pack(header: dict[str, Any]) -> bytes:
+    """A header packed on its own, for :func:`encode_batch`."""
+    return bytes(msgpack.packb(header, use_bin_type=True))
+
+
 def decode(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     """Parse frames into a :class:`Message`, or raise :class:`ProtocolError` saying why."""
     if not frames:

@@ -39,7 +39,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "put_note": {"handle": _INT, "slice": _STR, "nbytes": _INT},
     "delete": {"handles": _LIST},
-    "batch": {},
+    "batch": {"msgs": _LIST},
     "status": {"rid": _INT},
     "events": {"rid": _INT, "since": _NUM},
     "cancel": {"rid": _INT},

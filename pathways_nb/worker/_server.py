@@ -229,10 +229,11 @@ class Host:
             return
         h = msg.header
         if kind == "batch":
-            # The controller sends what it released in one go as packed run/drop headers.
-            for frame in msg.buffers:
+            # What the gang scheduler released at once, as run and drop headers.
+            for sub in h["msgs"]:
                 try:
-                    sub = decode([frame]).header
+                    if not isinstance(sub, dict):
+                        raise ProtocolError("batch entries must be maps")
                     sk = check(sub, _BATCHED_TYPES)
                 except ProtocolError as exc:
                     log.warning("host %s dropped a bad batched message: %s", self.name, exc)
