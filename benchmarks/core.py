@@ -43,12 +43,12 @@ def tiny(x: jax.Array) -> jax.Array:
     return x + 1
 
 
-def plain_jax(calls: int, roundtrips: int) -> tuple[float, float]:
-    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
-    sh = NamedSharding(mesh, P("d"))
-    f = jax.jit(allreduce_add, out_shardings=sh)
-    g = jax.jit(tiny, out_shardings=sh)
-    x0 = jax.device_put(np.ones(SIZE, np.float32), sh)
+def measure(f: Any, g: Any, x0: Any, calls: int, roundtrips: int) -> tuple[float, float]:
+    """Seconds for ``calls`` chained calls of ``f``, and per round trip of ``g``.
+
+    The same code measures both sides: a RemoteArray answers ``block_until_ready`` and
+    ``np.asarray`` as a ``jax.Array`` does.
+    """
     f(x0).block_until_ready()
     np.asarray(g(x0))
 
@@ -67,28 +67,20 @@ def plain_jax(calls: int, roundtrips: int) -> tuple[float, float]:
     return timed(chain), timed(rt) / roundtrips
 
 
+def plain_jax(calls: int, roundtrips: int) -> tuple[float, float]:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    sh = NamedSharding(mesh, P("d"))
+    f = jax.jit(allreduce_add, out_shardings=sh)
+    g = jax.jit(tiny, out_shardings=sh)
+    return measure(f, g, jax.device_put(np.ones(SIZE, np.float32), sh), calls, roundtrips)
+
+
 def ours(client: pw.Client, calls: int, roundtrips: int) -> tuple[float, float]:
     vs = client.default_slice
     assert vs is not None
     f = pw.jit(allreduce_add, out_shardings=P("d"))
     g = pw.jit(tiny, out_shardings=P("d"))
-    x0 = vs.put(np.ones(SIZE, np.float32), P("d"))
-    f(x0).block_until_ready()
-    g(x0).fetch()
-
-    def chain() -> None:
-        x = x0
-        for i in range(calls):
-            x = f(x)
-            if i % WAIT_EVERY == WAIT_EVERY - 1:
-                x.block_until_ready()
-        x.block_until_ready()
-
-    def rt() -> None:
-        for _ in range(roundtrips):
-            g(x0).fetch()
-
-    return timed(chain), timed(rt) / roundtrips
+    return measure(f, g, vs.put(np.ones(SIZE, np.float32), P("d")), calls, roundtrips)
 
 
 def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -180,3 +181,29 @@ def test_preload_modules_import_no_client_pandas_or_ipython() -> None:
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_core_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "core.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.core",
+            "--repeats",
+            "1",
+            "--calls",
+            "64",
+            "--roundtrips",
+            "8",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    result = json.loads(out.read_text())
+    assert result["chained"]["pathways_calls_per_s"]["median"] > 0
+    assert result["chained"]["ratio"] > 0 and result["roundtrip"]["ratio"] > 0
+    assert set(result["targets_met"]) == {"chained_ge_0.7x", "roundtrip_lt_1ms"}
