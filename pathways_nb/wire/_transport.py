@@ -76,8 +76,14 @@ def connect(
     return sock
 
 
+# Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_get = zmq.backend.Socket.get
+
+
 def _readable(sock: zmq.Socket[Any]) -> bool:
-    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    return bool(int(_get(sock, _EVENTS)) & _POLLIN)
 
 
 def receive(sock: zmq.Socket[Any], limit: int = 1000) -> Iterator[list[Any]]:
