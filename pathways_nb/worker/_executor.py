@@ -57,11 +57,18 @@ class Executor:
         store: ObjectStore,
         send: Callable[[dict[str, Any]], None],
         put_wait: float = 60.0,
+        ack_low_water: int = 8,
     ) -> None:
         self.host = host
         self._devices = {int(d.id): d for d in devices}
         self.store = store
         self._send = send
+        # Acknowledgements wait while more than this many launches are still in flight
+        # here, so one message carries many (the controller refills the window at the
+        # low-water mark, before the devices run dry).
+        self._ack_low_water = ack_low_water
+        self._runs_received = 0
+        self._runs_completed = 0
         self._put_wait = put_wait
         self._programs: dict[str, _Program] = {}
         self._bad_programs: dict[str, RemoteError] = {}
@@ -117,6 +124,8 @@ class Executor:
         the calling thread when nothing is queued or running before it: that saves a
         thread hand-off per launch and keeps the order, which only this thread feeds.
         """
+        if kind == "run":
+            self._runs_received += 1
         if kind == "run" and self._runnable_now(body):
             with self._cv:
                 inline = not self._pending and not self._busy
@@ -329,8 +338,9 @@ class Executor:
         acks: list[Any] = []
         while True:
             try:
-                item = self._done.get(timeout=None if not acks else 0)
+                item = self._done.get(timeout=None if not acks else 0.001)
             except queue.Empty:
+                # Nothing more finished within a millisecond: do not sit on acknowledgements.
                 self._send({"t": "acks", "items": acks})
                 acks = []
                 continue
@@ -338,27 +348,41 @@ class Executor:
                 if acks:
                     self._send({"t": "acks", "items": acks})
                 return
-            lid, outs, leaves, t0, err, name, sname, donated = item
-            if err is None:
-                try:
-                    _wait_outputs(leaves, self._donated)
-                except Exception as exc:
-                    err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
-                    for hd in outs:
-                        self.store.fail(hd, err)
-                    self._failures += 1
-            if err is None:
-                self.store.mark_ready(outs)
-            # This launch ran, so the arrays it donated are gone for good: stop tracking them.
-            self._donated.difference_update(id(a) for a in donated)
-            del donated
-            t1 = time.time()
-            start = max(t0, self._prev_end)
-            self._prev_end = t1
-            acks.append([lid, start, t1, err.to_dict() if err is not None else None])
-            if len(acks) >= 256:
+            acks.append(self._complete(*item))
+            self._runs_completed += 1
+            inflight = self._runs_received - self._runs_completed
+            if inflight <= self._ack_low_water or len(acks) >= 256:
                 self._send({"t": "acks", "items": acks})
                 acks = []
+
+    def _complete(
+        self,
+        lid: int,
+        outs: list[int],
+        leaves: list[Any] | None,
+        t0: float,
+        err: RemoteError | None,
+        name: str,
+        sname: str,
+        donated: list[Any],
+    ) -> list[Any]:
+        """Wait for one launch; record its outputs as ready or failed; its acknowledgement."""
+        if err is None:
+            try:
+                _wait_outputs(leaves or [], self._donated)
+            except Exception as exc:
+                err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
+                for hd in outs:
+                    self.store.fail(hd, err)
+                self._failures += 1
+        if err is None:
+            self.store.mark_ready(outs)
+        # This launch ran, so the arrays it donated are gone for good: stop tracking them.
+        self._donated.difference_update(id(a) for a in donated)
+        t1 = time.time()
+        start = max(t0, self._prev_end)
+        self._prev_end = t1
+        return [lid, start, t1, err.to_dict() if err is not None else None]
 
     def statistics(self) -> ExecutorStatistics:
         return ExecutorStatistics(

@@ -96,7 +96,12 @@ class Host:
         self.store = ObjectStore(self.config.store_limit_bytes)
         self._outbox = Outbox(self._ctx, f"host-{name}")
         self.executor = Executor(
-            name, self.devices, self.store, self._to_controller, self.config.put_wait_seconds
+            name,
+            self.devices,
+            self.store,
+            self._to_controller,
+            self.config.put_wait_seconds,
+            ack_low_water=max(1, self.config.inflight_window // 2),
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._versions = local_versions()
