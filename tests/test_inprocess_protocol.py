@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -180,3 +181,18 @@ def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> 
         with pytest.raises(pw.DataLossError):
             pw.jit(lambda a: a + 1)(x)
         np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))
+
+
+def test_a_compile_in_progress_on_a_lost_host_fails_instead_of_hanging() -> None:
+    with pw.InProcessCluster(1, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        client.inject_fault(vs, match="slow", kind="delay:2")
+        pw.jit(lambda a: a + 1, name="slow")(x)  # holds the host's queue
+        # Its output layout is unknown, so the first call asks the host to compile it;
+        # that request waits behind the held queue when the host is declared lost.
+        t = threading.Timer(0.3, c.controller.host_lost, (vs.host, "test"))
+        t.start()
+        with pytest.raises(pw.DataLossError, match="lost"):
+            pw.jit(lambda a: a * 3, name="needs_compile")(x)
+        t.join()

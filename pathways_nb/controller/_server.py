@@ -133,7 +133,7 @@ class Controller:
         self._launches: dict[int, _Launch] = {}
         self._where: dict[int, str] = {}
         self._slice_handles: dict[str, set[int]] = {}
-        self._probes: dict[int, tuple[bytes, int]] = {}
+        self._probes: dict[int, tuple[bytes, int, str]] = {}  # rid -> client, its rid, host
         self._next_rid = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -293,7 +293,7 @@ class Controller:
         elif kind == "host_reply":
             target = self._probes.pop(h["rid"], None)
             if target is not None:
-                ident, crid = target
+                ident, crid, _ = target
                 reply = dict(h)
                 reply["t"], reply["rid"] = "reply", crid
                 self._send_client(ident, reply)
@@ -388,6 +388,11 @@ class Controller:
                 if t is not None:
                     t.pending -= 1
         self._send_done(by_tenant)
+        # A compile that host was doing for a client will never answer: say why now.
+        for rid, (ident, crid, where) in list(self._probes.items()):
+            if where == host:
+                del self._probes[rid]
+                self._send_client(ident, {"t": "reply", "rid": crid, "error": err.to_dict()})
         per_tenant: dict[int, list[str]] = {}
         for s in lost:
             per_tenant.setdefault(s.tenant, []).append(s.slice)
@@ -674,7 +679,7 @@ class Controller:
             raise ProtocolError(f"program {h['pid']} was never sent to the controller")
         self._ensure_program(s.host, h["pid"])
         self._next_rid += 1
-        self._probes[self._next_rid] = (t.identity, h["rid"])
+        self._probes[self._next_rid] = (t.identity, h["rid"], s.host)
         self._send_host(
             s.host,
             {

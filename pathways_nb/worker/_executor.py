@@ -36,6 +36,16 @@ _STOP = object()
 class _Program:
     name: str
     exported: export.Exported
+    # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
+    out_nbytes: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.out_nbytes = [
+            0
+            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+            else math.prod(a.shape) * np.dtype(a.dtype).itemsize
+            for a in self.exported.out_avals
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +302,7 @@ class Executor:
                 raise RemoteError("injected fault", kind="fault_injected")
             args = []
             for hd in h["ins"]:
-                entry = self.store.wait(hd, self._put_wait)
+                entry = self.store.get(hd) or self.store.wait(hd, self._put_wait)
                 if entry is None:
                     raise RemoteError(
                         f"input {hd:#x} never arrived on host {self.host} within "
@@ -305,12 +315,7 @@ class Executor:
             donate = tuple(sorted(int(i) for i in h["donate"]))
             donated = [self.store.get(h["ins"][i]) for i in donate]
             freeing = sum(e.nbytes for e in donated if e is not None)
-            need = sum(
-                math.prod(a.shape) * np.dtype(a.dtype).itemsize
-                for a in prog.exported.out_avals
-                if not jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
-            )
-            self.store.reserve_check(need, freeing)
+            self.store.reserve_check(sum(prog.out_nbytes), freeing)
             mesh = self._mesh(h["devices"], h["mesh"])
             try:
                 fn = self._executable_for(h, mesh, donate)
@@ -321,9 +326,10 @@ class Executor:
             results = fn(*args)
             if donate:
                 self.store.drop([h["ins"][i] for i in donate])
-            leaves = jax.tree.leaves(results)
-            for hd, arr in zip(outs, leaves, strict=True):
-                self.store.set(hd, arr, int(getattr(arr, "nbytes", 0)), (name, sname))
+            # The exported function is flat: it returns a list of arrays.
+            leaves = results if isinstance(results, list) else jax.tree.leaves(results)
+            for hd, arr, nbytes in zip(outs, leaves, prog.out_nbytes, strict=True):
+                self.store.set(hd, arr, nbytes, (name, sname))
             self._launches += 1
             self._done.put((lid, outs, leaves, t0, None, name, sname, donated))
         except Exception as exc:
