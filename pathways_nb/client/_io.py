@@ -156,35 +156,28 @@ class IOThread:
         self._outbox.send(_DELETE, handle, wake=False)
 
     def _drain_outbox(self) -> None:
+        # Deletions may leave later than they were queued, never earlier (a launch queued
+        # before a deletion may still read the array), so they are gathered and sent once,
+        # after everything else this drain sends to the controller.
         batch: list[Any] = []
         deletes: list[int] = []
-
-        def close_deletes() -> None:
-            if deletes:
-                batch.append(pack({"t": "delete", "handles": list(deletes)}))
-                deletes.clear()
-
         for target, payload in self._outbox.drain():
             if target == _DELETE:
                 deletes.append(payload)
-                if len(deletes) >= 4096:
-                    close_deletes()
-                continue
-            close_deletes()
-            if target == _BATCHED:
+            elif target == _BATCHED:
                 batch.append(payload)
                 if len(batch) >= _MAX_BATCH:
                     self._send_batch(batch)
                     batch = []
-                continue
-            if batch:
-                self._send_batch(batch)
-                batch = []
-            if target == _CONTROLLER:
+            elif target == _CONTROLLER:
+                if batch:
+                    self._send_batch(batch)
+                    batch = []
                 self._safe_send(self._ctl, payload)
             elif target.startswith(_HOST):
                 self._safe_send(self._host_socket(target[1:].decode()), payload)
-        close_deletes()
+        for i in range(0, len(deletes), 4096):
+            batch.append(pack({"t": "delete", "handles": deletes[i : i + 4096]}))
         if batch:
             self._send_batch(batch)
 
