@@ -128,7 +128,8 @@ def test_cancel_drops_queued_launches(client: pw.Client) -> None:
         except pw.RemoteError as exc:
             assert exc.kind == "cancelled"
             failed += 1
-    assert failed == cancelled
+    # Those still queued at the controller, plus those waiting in the host's own queue.
+    assert cancelled <= failed <= 200
 
 
 def test_backpressure_bounds_queued_launches(cluster: pw.InProcessCluster) -> None:
@@ -181,9 +182,52 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
 
 
 def _waiting_in_fetch(thread_id: int) -> bool:
+    return _blocked_in(thread_id, "request")
+
+
+def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
+    cluster: pw.InProcessCluster,
+) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach only the main thread")
+    with cluster.client() as c:
+        c.max_queued = 4
+        vs = c.allocate({"data": 2})
+        c.inject_fault(vs, match="stuck", kind="delay:3.0")
+        x = vs.put(np.ones(2, np.float32), P("data"))
+        stuck = pw.jit(lambda x: x + 1, name="stuck")
+        main = threading.main_thread().ident
+        assert main is not None
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + 10
+            while not _blocked_in(main, "_backpressure") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            signal.pthread_kill(main, signal.SIGINT)
+
+        t = threading.Thread(target=interrupt)
+        t.start()
+        outs = []
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(100):
+                outs.append(stuck(x))
+        t.join()
+        assert len(outs) == 4  # the fifth submission blocked, then was interrupted
+        c.wait_all(timeout=30)
+        kinds = set()
+        for o in outs:
+            try:
+                o.fetch()
+                kinds.add("ok")
+            except pw.RemoteError as exc:
+                kinds.add(exc.kind)
+        assert "cancelled" in kinds
+
+
+def _blocked_in(thread_id: int, function: str) -> bool:
     frame = sys._current_frames().get(thread_id)
     while frame is not None:
-        if frame.f_code.co_name == "request" and frame.f_code.co_filename.endswith("_direct.py"):
+        if frame.f_code.co_name == function:
             return True
         frame = frame.f_back
     return False

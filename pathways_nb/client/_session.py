@@ -565,7 +565,11 @@ class Client:
 
     # controller queries ---------------------------------------------------------------
     def cancel(self) -> int:
-        """Cancel this client's launches that have not started; returns how many."""
+        """Cancel this client's launches that have not started, wherever they wait.
+
+        Returns how many the controller still held; those already on a host's queue are
+        cancelled there too and fail the same way (``RemoteError`` of kind "cancelled").
+        """
         if self._closed:
             return 0
         with contextlib.suppress(Exception):

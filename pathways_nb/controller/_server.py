@@ -646,6 +646,11 @@ class Controller:
             self.events.add("cancel", t.tenant, w.lid, rec.name, rec.slice, rec.island, rec.host)
         if done:
             self._send_done({t.tenant: done})
+        # Launches already sent to hosts but not started yet are dropped there; they come
+        # back as failed acknowledgements, which also frees their window slots.
+        hosts = {s.host for s in self.rm.slices.values() if s.tenant == t.tenant}
+        for host in hosts & set(self._host_ident):
+            self._send_host(host, {"t": "cancel_runs", "tenant": t.tenant, "message": why})
         return len(done)
 
     def _c_status(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:

@@ -77,6 +77,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "host_probe": {"rid": _INT, "pid": _STR, "devices": _LIST, "mesh": _LIST},
     "fault": {"match": _STR, "kind": _STR},
     "fail_outputs": {"handles": _LIST, "error": _DICT},
+    "cancel_runs": {"tenant": _INT, "message": _STR},
     # client -> host (data plane)
     "put": {
         "rid": _INT,

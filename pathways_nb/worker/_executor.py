@@ -23,7 +23,7 @@ import numpy as np
 from jax import export
 from jax.sharding import Mesh, NamedSharding
 
-from pathways_nb._core import RemoteError, encode_spec
+from pathways_nb._core import RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._store import ObjectStore
 
@@ -153,6 +153,31 @@ class Executor:
         with self._cv:
             self._pending.append((kind, body))
             self._cv.notify()
+
+    def cancel_runs(self, tenant: int, message: str) -> int:
+        """Drop the tenant's launches that wait in this host's queue; they fail as cancelled."""
+        with self._cv:
+            keep: collections.deque[Any] = collections.deque()
+            cancelled = []
+            for item in self._pending:
+                if (
+                    item is not _STOP
+                    and item[0] == "run"
+                    and handle_owner(int(item[1]["lid"])) == tenant
+                ):
+                    cancelled.append(item[1])
+                else:
+                    keep.append(item)
+            self._pending = keep
+        for h in cancelled:
+            prog = self._programs.get(h["pid"])
+            name = prog.name if prog is not None else h["pid"]
+            sname = h.get("name", h["slice"])
+            err = RemoteError(message, kind="cancelled", program=name, slice=sname, host=self.host)
+            for hd in h["outs"]:
+                self.store.fail(hd, err)
+            self._done.put((h["lid"], h["outs"], None, time.time(), err, name, sname, []))
+        return len(cancelled)
 
     def _runnable_now(self, h: dict[str, Any]) -> bool:
         if self._faults:

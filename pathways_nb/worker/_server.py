@@ -60,6 +60,7 @@ _CONTROLLER_TYPES = frozenset(
         "host_probe",
         "fault",
         "fail_outputs",
+        "cancel_runs",
         "batch",
     }
 )
@@ -265,6 +266,9 @@ class Host:
             self.executor.submit("probe", h)
         elif kind == "fault":
             self.executor.submit("fault", (h["match"], h["kind"]))
+        elif kind == "cancel_runs":
+            # Not queued behind the work it cancels: it takes that work out of the queue.
+            self.executor.cancel_runs(h["tenant"], h["message"])
         elif kind == "fail_outputs":
             self.executor.submit("fail_outputs", (h["handles"], h["error"]))
 
