@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -155,34 +157,9 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
     x = vs.put(np.ones(2, np.float32), P("data"))
     held = pw.jit(lambda x: x + 1, name="held")
     outs = [held(x) for _ in range(50)]
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def interrupt() -> None:
-        # Wait until the main thread is blocked in fetch, then press "interrupt kernel".
-        deadline = time.monotonic() + 10
-        while not _waiting_in_fetch(main) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    t = threading.Thread(target=interrupt)
-    t.start()
-    with pytest.raises(KeyboardInterrupt):
+    with _interrupted_when_blocked_in("request"), pytest.raises(KeyboardInterrupt):
         outs[-1].fetch()
-    t.join()
-    client.wait_all(timeout=30)
-    kinds = set()
-    for o in outs:
-        try:
-            o.fetch()
-            kinds.add("ok")
-        except pw.RemoteError as exc:
-            kinds.add(exc.kind)
-    assert "cancelled" in kinds
-
-
-def _waiting_in_fetch(thread_id: int) -> bool:
-    return _blocked_in(thread_id, "request")
+    assert "cancelled" in _outcomes(client, outs)
 
 
 def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
@@ -196,32 +173,32 @@ def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
         c.inject_fault(vs, match="stuck", kind="delay:3.0")
         x = vs.put(np.ones(2, np.float32), P("data"))
         stuck = pw.jit(lambda x: x + 1, name="stuck")
-        main = threading.main_thread().ident
-        assert main is not None
-
-        def interrupt() -> None:
-            deadline = time.monotonic() + 10
-            while not _blocked_in(main, "_backpressure") and time.monotonic() < deadline:
-                time.sleep(0.01)
-            signal.pthread_kill(main, signal.SIGINT)
-
-        t = threading.Thread(target=interrupt)
-        t.start()
         outs = []
-        with pytest.raises(KeyboardInterrupt):
+        with _interrupted_when_blocked_in("_backpressure"), pytest.raises(KeyboardInterrupt):
             for _ in range(100):
                 outs.append(stuck(x))
-        t.join()
         assert len(outs) == 4  # the fifth submission blocked, then was interrupted
-        c.wait_all(timeout=30)
-        kinds = set()
-        for o in outs:
-            try:
-                o.fetch()
-                kinds.add("ok")
-            except pw.RemoteError as exc:
-                kinds.add(exc.kind)
-        assert "cancelled" in kinds
+        assert "cancelled" in _outcomes(c, outs)
+
+
+@contextlib.contextmanager
+def _interrupted_when_blocked_in(function: str) -> Iterator[None]:
+    """Press "interrupt kernel" once the main thread is blocked inside ``function``."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 10
+        while not _blocked_in(main, function) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    try:
+        yield
+    finally:
+        t.join()
 
 
 def _blocked_in(thread_id: int, function: str) -> bool:
@@ -231,3 +208,15 @@ def _blocked_in(thread_id: int, function: str) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _outcomes(client: pw.Client, outs: list[pw.RemoteArray]) -> set[str]:
+    client.wait_all(timeout=30)
+    kinds = set()
+    for o in outs:
+        try:
+            o.fetch()
+            kinds.add("ok")
+        except pw.RemoteError as exc:
+            kinds.add(exc.kind)
+    return kinds

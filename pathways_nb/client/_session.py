@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -31,6 +30,7 @@ from pathways_nb._core import (
     validate_mesh_shape,
 )
 from pathways_nb.client._direct import DirectChannels
+from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, _is_remote, jit
 from pathways_nb.client._remote import RemoteArray
@@ -38,39 +38,6 @@ from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import Status, events_frame
 
 _LOCAL_LID = 0
-
-
-def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
-    """Ask a Dask scheduler with the pathways preload about its controller."""
-    from distributed.core import rpc
-
-    result: dict[str, Any] = {}
-
-    async def ask() -> None:
-        r = rpc(address)
-        try:
-            result["info"] = await asyncio.wait_for(r.pathways_controller(), timeout)
-        finally:
-            await r.close_rpc()
-
-    def run() -> None:
-        try:
-            asyncio.run(ask())
-        except Exception as exc:
-            result["error"] = exc
-
-    # A notebook kernel already runs an event loop in this thread: ask from a fresh one.
-    t = threading.Thread(target=run, name="pathways-ask-scheduler")
-    t.start()
-    t.join()
-    if "error" in result:
-        exc = result["error"]
-        raise BrokenError(
-            f"could not get the pathways controller from the Dask scheduler at {address}: "
-            f"{type(exc).__name__}: {exc}. Start the scheduler with "
-            "`dask scheduler --preload pathways_nb.deploy.scheduler`."
-        ) from None
-    return dict(result["info"])
 
 
 class Client:

@@ -159,7 +159,7 @@ class LocalCluster:
 
     def wait_for_hosts(self, n: int, timeout: float = 60.0) -> None:
         """Block until the controller has ``n`` live hosts."""
-        from pathways_nb.client._session import ask_scheduler
+        from pathways_nb.client._discovery import ask_scheduler
 
         deadline = time.monotonic() + timeout
         while True:

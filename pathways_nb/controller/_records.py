@@ -1,0 +1,29 @@
+"""What the controller remembers about programs and launches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Program:
+    """A program a client sent: its ``jax.export`` bytes, sent on to each host once."""
+
+    name: str
+    blob: bytes
+    nin: int
+    nout: int
+
+
+@dataclasses.dataclass
+class Launch:
+    """A launch from submission until its host acknowledges it."""
+
+    tenant: int
+    pid: str
+    name: str
+    slice: str
+    island: str
+    host: str
+    outs: list[int]
+    submitted: float

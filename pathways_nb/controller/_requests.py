@@ -1,0 +1,272 @@
+"""What the controller does for each client request: allocate, launch, delete, cancel, ...
+
+A mixin of :class:`~pathways_nb.controller.Controller`, kept apart so each module reads in
+one sitting; it runs on the controller's thread like the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pathways_nb._core import (
+    CancelledError,
+    ClosedError,
+    Config,
+    ProtocolError,
+    RemoteError,
+    decode_mesh,
+    validate_mesh_shape,
+)
+from pathways_nb.controller._events import EventLog
+from pathways_nb.controller._records import Launch, Program
+from pathways_nb.controller._resources import ResourceManager
+from pathways_nb.controller._scheduler import GangScheduler, Work
+from pathways_nb.controller._tenants import Tenant, Tenants
+
+
+class ClientRequests:
+    """The ``_c_<type>`` handlers; the server dispatches each request to one by name."""
+
+    config: Config
+    rm: ResourceManager
+    scheduler: GangScheduler
+    tenants: Tenants
+    events: EventLog
+    _programs: dict[str, Program]
+    _host_programs: dict[str, set[str]]
+    _host_ident: dict[str, bytes]
+    _launches: dict[int, Launch]
+    _where: dict[int, str]
+    _slice_handles: dict[str, set[int]]
+    _probes: dict[int, tuple[bytes, int, str]]
+    _next_rid: int
+
+    # Provided by the server, which owns the sockets.
+    _send_client: Callable[..., None]
+    _send_host: Callable[..., bool]
+    _send_done: Callable[[dict[int, list[Any]]], None]
+    _ensure_program: Callable[[str, str], None]
+
+    def _reply(self, t: Tenant, rid: int, **body: Any) -> None:
+        self._send_client(t.identity, {"t": "reply", "rid": rid, **body})
+
+    def _c_heartbeat(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        pass
+
+    def _c_bye(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        self._drop_tenant(t, "client closed")
+
+    def _c_allocate(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        mesh = validate_mesh_shape(decode_mesh(h["mesh"]))
+        s = self.rm.allocate(t.tenant, mesh, h.get("name"))
+        self._slice_handles[s.slice] = set()
+        host = self.rm.hosts[s.host]
+        self.events.add(
+            "allocate",
+            t.tenant,
+            slice=s.slice,
+            island=s.island,
+            host=s.host,
+            detail=f"{s.name} {mesh}",
+        )
+        self._reply(
+            t, h["rid"], slice=s.to_dict(), data_address=host.data_address, platform=host.platform
+        )
+
+    def _c_release(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.get(h["slice"], t.tenant)
+        was_active = s.state == "active"
+        self.rm.release(s.slice, t.tenant)
+        handles = self._slice_handles.pop(s.slice, set())
+        for hd in handles:
+            self._where.pop(hd, None)
+        if was_active and handles:
+            self.scheduler.submit(
+                Work("drop", t.tenant, s.island, 0, body=(s.host, sorted(handles)))
+            )
+        if was_active:
+            self.events.add("release", t.tenant, slice=s.slice, island=s.island, host=s.host)
+        self._reply(t, h["rid"])
+
+    def _c_program(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        if len(bufs) != 1:
+            raise ProtocolError("a program message carries exactly one frame: the jax.export bytes")
+        if h["pid"] not in self._programs:
+            self._programs[h["pid"]] = Program(h["name"], bytes(bufs[0]), h["nin"], h["nout"])
+
+    def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.active(h["slice"], t.tenant)
+        self._track(h["handle"], s.slice)
+
+    def _track(self, handle: int, sid: str) -> None:
+        self._where[handle] = sid
+        self._slice_handles.setdefault(sid, set()).add(handle)
+
+    def _untrack(self, handle: int) -> str | None:
+        sid = self._where.pop(handle, None)
+        if sid is not None:
+            hs = self._slice_handles.get(sid)
+            if hs is not None:
+                hs.discard(handle)
+        return sid
+
+    def _c_delete(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        by_slice: dict[str, list[int]] = {}
+        for hd in h["handles"]:
+            if not isinstance(hd, int):
+                continue
+            sid = self._untrack(hd)
+            if sid is not None:
+                by_slice.setdefault(sid, []).append(hd)
+        for sid, handles in by_slice.items():
+            s = self.rm.slices.get(sid)
+            if s is not None and s.state == "active":
+                self.scheduler.submit(Work("drop", t.tenant, s.island, 0, body=(s.host, handles)))
+
+    def _c_launch(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.active(h["slice"], t.tenant)
+        prog = self._programs.get(h["pid"])
+        if prog is None:
+            raise ProtocolError(f"program {h['pid']} was never sent to the controller")
+        ins, outs = h["ins"], h["outs"]
+        if len(ins) != prog.nin or len(outs) != prog.nout:
+            raise ProtocolError(
+                f"program {prog.name} takes {prog.nin} inputs and makes {prog.nout} outputs; "
+                f"the launch gave {len(ins)} and {len(outs)}"
+            )
+        for hd in ins:
+            where = self._where.get(hd)
+            if where != s.slice:
+                raise ClosedError(
+                    f"input {hd:#x} of program {prog.name} is "
+                    + ("not a live array" if where is None else f"on slice {where}, not {s.slice}")
+                )
+        for i in h["donate"]:
+            self._untrack(ins[i])
+        for hd in outs:
+            self._track(hd, s.slice)
+        lid = h["lid"]
+        self._launches[lid] = Launch(
+            t.tenant, h["pid"], prog.name, s.slice, s.island, s.host, list(outs), time.time()
+        )
+        t.launches += 1
+        t.pending += 1
+        self.events.add("launch", t.tenant, lid, prog.name, s.slice, s.island, s.host)
+        self.scheduler.submit(Work("run", t.tenant, s.island, lid, cost_key=h["pid"], body=(s, h)))
+
+    def _fail_launch_now(self, t: Tenant, h: dict[str, Any], exc: Exception) -> None:
+        lid = h.get("lid")
+        prog = self._programs.get(str(h.get("pid")))
+        name = prog.name if prog is not None else str(h.get("pid", ""))
+        if isinstance(exc, RemoteError):
+            err = exc
+            err.program = err.program or name
+        else:
+            err = RemoteError(str(exc), kind="invalid", program=name, slice=str(h.get("slice", "")))
+        self._send_client(t.identity, {"t": "done", "items": [[lid, err.to_dict()]]})
+        outs = [o for o in h.get("outs", []) if isinstance(o, int)]
+        s = self.rm.slices.get(str(h.get("slice")))
+        if s is not None and outs:
+            self._send_host(s.host, {"t": "fail_outputs", "handles": outs, "error": err.to_dict()})
+
+    def _c_cancel(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        n = self._cancel_queued(t, "cancelled by the client (interrupt)")
+        self._reply(t, h["rid"], cancelled=n)
+
+    def _cancel_queued(self, t: Tenant, why: str) -> int:
+        dropped = self.scheduler.cancel(t.tenant)
+        done = []
+        for w in dropped:
+            rec = self._launches.pop(w.lid, None)
+            if rec is None:
+                continue
+            t.pending -= 1
+            err = CancelledError(why)
+            rerr = RemoteError(
+                str(err), kind="cancelled", program=rec.name, slice=rec.slice, host=rec.host
+            )
+            done.append([w.lid, rerr.to_dict()])
+            self._send_host(
+                rec.host, {"t": "fail_outputs", "handles": rec.outs, "error": rerr.to_dict()}
+            )
+            self.events.add("cancel", t.tenant, w.lid, rec.name, rec.slice, rec.island, rec.host)
+        if done:
+            self._send_done({t.tenant: done})
+        # Launches already sent to hosts but not started yet are dropped there; they come
+        # back as failed acknowledgements, which also frees their window slots.
+        hosts = {s.host for s in self.rm.slices.values() if s.tenant == t.tenant}
+        for host in hosts & set(self._host_ident):
+            self._send_host(host, {"t": "cancel_runs", "tenant": t.tenant, "message": why})
+        return len(done)
+
+    def _c_status(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        snap = self.rm.snapshot()
+        stats = self.scheduler.statistics()
+        snap["tenants"] = [
+            {
+                "tenant": x.tenant,
+                "name": x.name,
+                "weight": x.weight,
+                "launches": x.launches,
+                "pending": x.pending,
+                "device_seconds": x.device_seconds,
+            }
+            for x in self.tenants.by_id.values()
+        ]
+        snap["queued"] = stats.queued
+        snap["inflight"] = stats.inflight
+        snap["events_total"] = self.events.total
+        snap["window"] = self.config.inflight_window
+        snap["you"] = t.tenant
+        self._reply(t, h["rid"], status=snap)
+
+    def _c_events(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        tenant = None if h.get("all") else t.tenant
+        self._reply(t, h["rid"], events=self.events.since(float(h["since"]), tenant))
+
+    def _c_probe(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        s = self.rm.active(h["slice"], t.tenant)
+        if h["pid"] not in self._programs:
+            raise ProtocolError(f"program {h['pid']} was never sent to the controller")
+        self._ensure_program(s.host, h["pid"])
+        self._next_rid += 1
+        self._probes[self._next_rid] = (t.identity, h["rid"], s.host)
+        self._send_host(
+            s.host,
+            {
+                "t": "host_probe",
+                "rid": self._next_rid,
+                "pid": h["pid"],
+                "devices": s.devices,
+                "mesh": [[k, v] for k, v in s.mesh.items()],
+            },
+        )
+
+    def _c_inject_fault(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        host = h["host"]
+        if host in self.rm.slices:
+            host = self.rm.get(host, t.tenant).host
+        if host not in self._host_ident:
+            raise KeyError(f"no live host {host!r}; live hosts: {sorted(self._host_ident)}")
+        self._send_host(host, {"t": "fault", "match": h["match"], "kind": h["kind"]})
+        self._reply(t, h["rid"], host=host)
+
+    def _drop_tenant(self, t: Tenant, why: str) -> None:
+        if t.tenant not in self.tenants.by_id:
+            return
+        self._cancel_queued(t, f"the client went away ({why})")
+        for s in list(self.rm.slices.values()):
+            if s.tenant == t.tenant and s.state == "active":
+                self.rm.release(s.slice, t.tenant)
+                handles = self._slice_handles.pop(s.slice, set())
+                for hd in handles:
+                    self._where.pop(hd, None)
+                if handles:
+                    self.scheduler.submit(
+                        Work("drop", t.tenant, s.island, 0, body=(s.host, sorted(handles)))
+                    )
+        self.events.add("tenant_leave", t.tenant, detail=why)
+        self.tenants.remove(t.tenant)
+        self.scheduler.forget_tenant(t.tenant)
