@@ -233,3 +233,14 @@ def test_many_dependent_calls_are_submitted_without_waiting(client: pw.Client) -
     ev = client.events()
     ends = ev[(ev.kind == "end") & (ev.program == "step")]
     assert len(ends) == 1000
+
+
+def test_scalar_operator_programs_are_bounded(
+    client: pw.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pathways_nb.client._session._MAX_OPS", 3)
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+    for i in range(6):
+        np.testing.assert_array_equal((x * i).fetch(), np.arange(4, dtype=np.float32) * i)
+    assert len(client._ops) == 3

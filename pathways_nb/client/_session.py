@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -38,6 +39,7 @@ from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import Status, events_frame
 
 _LOCAL_LID = 0
+_MAX_OPS = 512
 
 
 class Client:
@@ -90,7 +92,10 @@ class Client:
         self._programs_sent: set[str] = set()
         self._hosts_ok: set[str] = set()
         self._slices: dict[str, VirtualSlice] = {}
-        self._ops: dict[tuple[Any, ...], RemoteFunction] = {}
+        # Small programs behind RemoteArray operators, least recently used first.
+        self._ops: collections.OrderedDict[tuple[Any, ...], RemoteFunction] = (
+            collections.OrderedDict()
+        )
         self.default_slice: VirtualSlice | None = None
         self._closed = False
         self._io = IOThread(self._ctx, controller, self._on_push, heartbeat=1.0)
@@ -488,7 +493,9 @@ class Client:
         )
         k = (key, x.slice.id, consts)
         f = self._ops.get(k)
-        if f is None:
+        if f is not None:
+            self._ops.move_to_end(k)
+        else:
             fixed = {i: a for i, _, a in consts}
 
             def bound(*dyn: Any) -> Any:
@@ -498,6 +505,9 @@ class Client:
 
             f = jit(bound, slice=x.slice, name=key)
             self._ops[k] = f
+            if len(self._ops) > _MAX_OPS:
+                # `x * i` over many values of i must not keep every program forever.
+                self._ops.popitem(last=False)
         return f(*(a for a in args if not isinstance(a, int | float | bool)))
 
     def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
