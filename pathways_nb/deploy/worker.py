@@ -17,6 +17,7 @@ from typing import Any
 log = logging.getLogger("pathways_nb.deploy")
 
 _HOST_ATTR = "_pathways_host"
+_TASK_ATTR = "_pathways_host_start"
 
 
 def _configure_jax() -> None:
@@ -36,7 +37,13 @@ def _configure_jax() -> None:
 
 
 async def dask_setup(worker: Any) -> None:
-    """Preload hook: start the host and register it with the controller."""
+    """Preload hook: start the host once the Dask worker runs, and register it.
+
+    The host registers only after the worker (and so its nanny) has finished starting: a
+    host the controller lists must be one the nanny will restart if it dies.
+    """
+    from distributed.core import Status
+
     from pathways_nb.worker import Host
 
     info = await worker.scheduler.pathways_controller()
@@ -50,15 +57,30 @@ async def dask_setup(worker: Any) -> None:
         )
         return host.start()
 
-    # JAX start-up and the registration handshake take a while: keep the worker's
-    # event loop free meanwhile.
-    host = await loop.run_in_executor(None, start)
-    setattr(worker, _HOST_ATTR, host)
-    log.info("pathways host %s serving %d devices", host.name, len(host.devices))
+    async def start_when_running() -> None:
+        while worker.status != Status.running:
+            if worker.status in (Status.closing, Status.closed, Status.failed):
+                return
+            await asyncio.sleep(0.005)
+        try:
+            # JAX start-up and the registration handshake take a while: keep the
+            # worker's event loop free meanwhile.
+            host = await loop.run_in_executor(None, start)
+        except Exception:
+            log.exception("pathways host on %s did not start; closing the worker", worker.address)
+            await worker.close(reason="pathways-host-failed")
+            return
+        setattr(worker, _HOST_ATTR, host)
+        log.info("pathways host %s serving %d devices", host.name, len(host.devices))
+
+    setattr(worker, _TASK_ATTR, asyncio.ensure_future(start_when_running()))
 
 
 async def dask_teardown(worker: Any) -> None:
     """Preload hook: stop the host."""
+    task = getattr(worker, _TASK_ATTR, None)
+    if task is not None and not task.done():
+        task.cancel()
     host = getattr(worker, _HOST_ATTR, None)
     if host is not None:
         await asyncio.get_running_loop().run_in_executor(None, host.stop)

@@ -8,6 +8,7 @@ it to the completion thread after draining; both are joined.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -30,6 +31,8 @@ from pathways_nb.worker._store import ObjectStore
 log = logging.getLogger("pathways_nb.worker")
 
 _STOP = object()
+# Launches expected to finish within this many seconds together share one wait.
+_BATCH_WAIT = 2e-3
 
 
 @dataclasses.dataclass
@@ -78,6 +81,8 @@ class Executor:
         # low-water mark, before the devices run dry).
         self._ack_low_water = ack_low_water
         self._runs_received = 0
+        # Measured seconds per program name (moving average): which launches are short.
+        self._duration: dict[str, float] = {}
         self._runs_completed = 0
         self._put_wait = put_wait
         self._programs: dict[str, _Program] = {}
@@ -367,24 +372,59 @@ class Executor:
     # completion thread --------------------------------------------------------------
     def _completion_loop(self) -> None:
         acks: list[Any] = []
+        queued: collections.deque[Any] = collections.deque()
         while True:
-            try:
-                item = self._done.get(timeout=None if not acks else 0.001)
-            except queue.Empty:
-                # Nothing more finished within a millisecond: do not sit on acknowledgements.
-                self._send({"t": "acks", "items": acks})
-                acks = []
-                continue
-            if item is _STOP:
-                if acks:
+            if not queued:
+                try:
+                    queued.append(self._done.get(timeout=None if not acks else 0.001))
+                except queue.Empty:
+                    # Nothing more finished within a millisecond: do not sit on them.
                     self._send({"t": "acks", "items": acks})
-                return
-            acks.append(self._complete(*item))
-            self._runs_completed += 1
-            inflight = self._runs_received - self._runs_completed
-            if inflight <= self._ack_low_water or len(acks) >= 256:
-                self._send({"t": "acks", "items": acks})
-                acks = []
+                    acks = []
+                    continue
+            while True:
+                try:
+                    queued.append(self._done.get_nowait())
+                except queue.Empty:
+                    break
+            # Short launches share one sleep: wait for the last of a run of queued launches
+            # expected to take under _BATCH_WAIT together, stopping early at one someone
+            # waits on (fetch, block_until_ready). Launches on the same devices finish in
+            # order, so the ones before it are then done and their waits below return at
+            # once; on other devices they wait. Long launches are waited for one by one,
+            # so nobody's answer is held behind someone else's long program.
+            for _ in range(self._wait_for(queued)):
+                item = queued.popleft()
+                if item is _STOP:
+                    if acks:
+                        self._send({"t": "acks", "items": acks})
+                    return
+                acks.append(self._complete(*item))
+                self._runs_completed += 1
+                inflight = self._runs_received - self._runs_completed
+                if inflight <= self._ack_low_water or len(acks) >= 256:
+                    self._send({"t": "acks", "items": acks})
+                    acks = []
+
+    def _wait_for(self, queued: collections.deque[Any]) -> int:
+        """Wait for the launch to complete first; return how many items end with it."""
+        target, count, expected = None, 0, 0.0
+        for i, item in enumerate(queued):
+            if item is _STOP:
+                count = i + 1
+                break
+            expected += self._duration.get(item[5], _BATCH_WAIT)
+            if i and expected > _BATCH_WAIT:
+                break
+            count = i + 1
+            if item[2] is not None:
+                target = item
+            if self.store.has_ready_waiters(item[1]):
+                break
+        if target is not None:
+            with contextlib.suppress(Exception):  # its own completion records a failure
+                _wait_outputs(target[2], self._donated)
+        return count
 
     def _complete(
         self,
@@ -413,6 +453,9 @@ class Executor:
         t1 = time.time()
         start = max(t0, self._prev_end)
         self._prev_end = t1
+        if err is None:
+            old = self._duration.get(name)
+            self._duration[name] = t1 - start if old is None else 0.8 * old + 0.2 * (t1 - start)
         return [lid, start, t1, err.to_dict() if err is not None else None]
 
     def statistics(self) -> ExecutorStatistics:

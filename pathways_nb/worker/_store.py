@@ -86,6 +86,11 @@ class ObjectStore:
         for w, entry in calls:
             w(entry)
 
+    def has_ready_waiters(self, handles: Iterable[int]) -> bool:
+        """Whether anyone waits for one of ``handles`` to be computed."""
+        waiting = self._ready_waiters
+        return any(h in waiting for h in handles)
+
     def when_ready(self, handle: int, waiter: Waiter) -> None:
         """Call ``waiter(entry)`` once the handle's value is computed or has failed."""
         with self._lock:
