@@ -33,6 +33,9 @@ log = logging.getLogger("pathways_nb.worker")
 _STOP = object()
 # Launches expected to finish within this many seconds together share one wait.
 _BATCH_WAIT = 2e-3
+# How long a finished launch's acknowledgement may wait for company: bounds how stale
+# the controller's accounting, the event log and the client's is_ready() can be.
+_ACK_DELAY = 2e-3
 
 
 @dataclasses.dataclass
@@ -70,16 +73,16 @@ class Executor:
         store: ObjectStore,
         send: Callable[[dict[str, Any]], None],
         put_wait: float = 60.0,
-        ack_low_water: int = 8,
+        window: int = 16,
     ) -> None:
         self.host = host
         self._devices = {int(d.id): d for d in devices}
         self.store = store
         self._send = send
-        # Acknowledgements wait while more than this many launches are still in flight
-        # here, so one message carries many (the controller refills the window at the
-        # low-water mark, before the devices run dry).
-        self._ack_low_water = ack_low_water
+        # With the window nearly full, acknowledgements go out once this host is down to
+        # half a window in flight, so the controller refills it before the devices run dry.
+        self._window = window
+        self._ack_low_water = max(1, window // 2)
         self._runs_received = 0
         # Measured seconds per program name (moving average): which launches are short.
         self._duration: dict[str, float] = {}
@@ -372,59 +375,84 @@ class Executor:
     # completion thread --------------------------------------------------------------
     def _completion_loop(self) -> None:
         acks: list[Any] = []
+        oldest = 0.0  # when the oldest unsent acknowledgement was made
         queued: collections.deque[Any] = collections.deque()
+
+        def flush() -> None:
+            nonlocal acks
+            if acks:
+                self._send({"t": "acks", "items": acks})
+                acks = []
+
         while True:
             if not queued:
+                wait = None if not acks else max(0.0, oldest + _ACK_DELAY - time.monotonic())
                 try:
-                    queued.append(self._done.get(timeout=None if not acks else 0.001))
+                    queued.append(self._done.get(timeout=wait))
                 except queue.Empty:
-                    # Nothing more finished within a millisecond: do not sit on them.
-                    self._send({"t": "acks", "items": acks})
-                    acks = []
+                    flush()  # nothing else finished in time: do not sit on them
                     continue
             while True:
                 try:
                     queued.append(self._done.get_nowait())
                 except queue.Empty:
                     break
-            # Short launches share one sleep: wait for the last of a run of queued launches
-            # expected to take under _BATCH_WAIT together, stopping early at one someone
-            # waits on (fetch, block_until_ready). Launches on the same devices finish in
-            # order, so the ones before it are then done and their waits below return at
-            # once; on other devices they wait. Long launches are waited for one by one,
-            # so nobody's answer is held behind someone else's long program.
-            for _ in range(self._wait_for(queued)):
+            count, expected = self._plan_wait(queued)
+            if acks and expected > _ACK_DELAY:
+                flush()  # about to wait long: send what is done first
+            self._wait_for(queued, count)
+            for _ in range(count):
                 item = queued.popleft()
                 if item is _STOP:
-                    if acks:
-                        self._send({"t": "acks", "items": acks})
+                    flush()
                     return
+                if not acks:
+                    oldest = time.monotonic()
                 acks.append(self._complete(*item))
                 self._runs_completed += 1
-                inflight = self._runs_received - self._runs_completed
-                if inflight <= self._ack_low_water or len(acks) >= 256:
-                    self._send({"t": "acks", "items": acks})
-                    acks = []
+            # The controller needs acknowledgements only to refill the window and to
+            # account; launches that finished together go together, and they wait for
+            # company while more of this host's launches are about to finish.
+            inflight = self._runs_received - self._runs_completed
+            if (
+                inflight == 0
+                or len(acks) >= 256
+                or time.monotonic() - oldest >= _ACK_DELAY
+                or (inflight + len(acks) >= self._window and inflight <= self._ack_low_water)
+            ):
+                flush()
 
-    def _wait_for(self, queued: collections.deque[Any]) -> int:
-        """Wait for the launch to complete first; return how many items end with it."""
-        target, count, expected = None, 0, 0.0
+    def _plan_wait(self, queued: collections.deque[Any]) -> tuple[int, float]:
+        """How many queued items to complete after one wait, and its expected seconds.
+
+        Short launches share one sleep: a run of queued launches expected to take under
+        _BATCH_WAIT together, ending early at one someone waits on (fetch,
+        block_until_ready). Launches on the same devices finish in order, so the ones
+        before the last are then done and their own waits return at once; on other
+        devices they wait. Long launches are waited for one by one, so nobody's answer
+        is held behind someone else's long program.
+        """
+        count, expected = 0, 0.0
         for i, item in enumerate(queued):
             if item is _STOP:
-                count = i + 1
+                return i + 1, expected
+            cost = self._duration.get(item[5], _BATCH_WAIT)
+            if i and expected + cost > _BATCH_WAIT:
                 break
-            expected += self._duration.get(item[5], _BATCH_WAIT)
-            if i and expected > _BATCH_WAIT:
-                break
+            expected += cost
             count = i + 1
-            if item[2] is not None:
-                target = item
             if self.store.has_ready_waiters(item[1]):
                 break
-        if target is not None:
-            with contextlib.suppress(Exception):  # its own completion records a failure
-                _wait_outputs(target[2], self._donated)
-        return count
+        return count, expected
+
+    def _wait_for(self, queued: collections.deque[Any], count: int) -> None:
+        """Wait for the last launch among the first ``count`` queued items."""
+        for i in range(count - 1, -1, -1):
+            item = queued[i]
+            if item is not _STOP and item[2] is not None:
+                with contextlib.suppress(Exception):  # its own completion records a failure
+                    _wait_outputs(item[2], self._donated)
+                return
 
     def _complete(
         self,

@@ -102,7 +102,7 @@ class Host:
             self.store,
             self._to_controller,
             self.config.put_wait_seconds,
-            ack_low_water=max(1, self.config.inflight_window // 2),
+            window=self.config.inflight_window,
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._versions = local_versions()
