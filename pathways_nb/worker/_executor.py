@@ -98,7 +98,9 @@ class Executor:
         self._pending: collections.deque[Any] = collections.deque()
         self._busy = False
         self._cv = threading.Condition()
-        self._exec_key: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # run message key -> (program, executable, donated argument indices): what a
+        # launch needs, found with one lookup once its program is compiled here.
+        self._plans: dict[tuple[Any, ...], tuple[_Program, Any, tuple[int, ...]]] = {}
         self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._compiles = 0
@@ -144,14 +146,15 @@ class Executor:
         """
         if kind == "run":
             self._runs_received += 1
-        if kind == "run" and self._runnable_now(body):
+        plan = self._runnable_now(body) if kind == "run" else None
+        if plan is not None:
             with self._cv:
                 inline = not self._pending and not self._busy
                 if inline:
                     self._busy = True
             if inline:
                 try:
-                    self._do_run(body)
+                    self._do_run(body, plan)
                 finally:
                     with self._cv:
                         self._busy = False
@@ -187,14 +190,15 @@ class Executor:
             self._done.put((h["lid"], h["outs"], None, time.time(), err, name, sname, []))
         return len(cancelled)
 
-    def _runnable_now(self, h: dict[str, Any]) -> bool:
+    def _runnable_now(self, h: dict[str, Any]) -> tuple[_Program, Any, tuple[int, ...]] | None:
+        """The launch's plan if it can run at once (compiled, inputs here), else None."""
         if self._faults:
-            return False  # injected faults (delays, crashes) belong on the dispatch thread
-        key = self._exec_key.get(_run_key(h))
-        if key is None or key not in self._executables:
-            return False
+            return None  # injected faults (delays, crashes) belong on the dispatch thread
+        plan = self._plans.get(_run_key(h))
+        if plan is None:
+            return None
         get = self.store.get
-        return all(get(hd) is not None for hd in h["ins"])
+        return plan if all(get(hd) is not None for hd in h["ins"]) else None
 
     # programs -----------------------------------------------------------------------
     def add_program(self, pid: str, name: str, blob: bytes) -> None:
@@ -243,11 +247,6 @@ class Executor:
             fn = fn.lower(*avals).compile()
             self._compiles += 1
             self._executables[key] = fn
-        return fn
-
-    def _executable_for(self, h: dict[str, Any], mesh: Mesh, donate: tuple[int, ...]) -> Any:
-        fn = self._executable(h["pid"], mesh, donate)
-        self._exec_key[_run_key(h)] = (h["pid"], id(mesh), donate)
         return fn
 
     def _program(self, pid: str) -> _Program:
@@ -316,12 +315,17 @@ class Executor:
                 return kind
         return None
 
-    def _do_run(self, h: dict[str, Any]) -> None:
+    def _do_run(
+        self, h: dict[str, Any], plan: tuple[_Program, Any, tuple[int, ...]] | None = None
+    ) -> None:
         t0 = time.time()
         lid, outs = h["lid"], h["outs"]
         name, sname = h["pid"], h.get("name", h["slice"])
         try:
-            prog = self._program(h["pid"])
+            key = _run_key(h) if plan is None else None
+            if plan is None and key is not None:
+                plan = self._plans.get(key)
+            prog = plan[0] if plan is not None else self._program(h["pid"])
             name = prog.name
             fault = self._take_fault(name)
             if fault == "crash":
@@ -345,15 +349,22 @@ class Executor:
                 if entry.error is not None:
                     raise entry.error
                 args.append(entry.value)
-            donate = tuple(sorted(int(i) for i in h["donate"]))
-            donated = [self.store.get(h["ins"][i]) for i in donate]
-            freeing = sum(e.nbytes for e in donated if e is not None)
-            self.store.reserve_check(sum(prog.out_nbytes), freeing)
-            mesh = self._mesh(h["devices"], h["mesh"])
-            try:
-                fn = self._executable_for(h, mesh, donate)
-            except Exception as exc:
-                raise to_remote(exc, "compile", program=name, slice=sname, host=self.host) from None
+            donate = plan[2] if plan is not None else tuple(sorted(int(i) for i in h["donate"]))
+            if self.store.limit:
+                entries = [self.store.get(h["ins"][i]) for i in donate]
+                freeing = sum(e.nbytes for e in entries if e is not None)
+                self.store.reserve_check(sum(prog.out_nbytes), freeing)
+            if plan is not None:
+                fn = plan[1]
+            else:
+                try:
+                    fn = self._executable(h["pid"], self._mesh(h["devices"], h["mesh"]), donate)
+                except Exception as exc:
+                    raise to_remote(
+                        exc, "compile", program=name, slice=sname, host=self.host
+                    ) from None
+                if key is not None:
+                    self._plans[key] = (prog, fn, donate)
             donated = [args[i] for i in donate]
             self._donated.update(id(a) for a in donated)
             results = fn(*args)
