@@ -8,7 +8,6 @@ the controller assigned at connect in the high bits, a per-client counter below.
 from __future__ import annotations
 
 import itertools
-import threading
 
 TENANT_SHIFT = 40
 _COUNTER_MASK = (1 << TENANT_SHIFT) - 1
@@ -26,12 +25,11 @@ class HandleAllocator:
         if not 0 < tenant < (1 << 23):
             raise ValueError(f"tenant id must be in [1, 2**23), got {tenant}")
         self._base = tenant << TENANT_SHIFT
+        # next() on an itertools.count is one C call: atomic under the GIL, no lock needed.
         self._counter = itertools.count(1)
-        self._lock = threading.Lock()
 
     def next(self) -> int:
-        with self._lock:
-            n = next(self._counter)
+        n = next(self._counter)
         if n > _COUNTER_MASK:
             raise OverflowError("this client has used every handle id; reconnect")
         return self._base | n

@@ -372,14 +372,17 @@ class Client:
         # RemoteArray is not a pytree node, so it is a leaf without an is_leaf callback.
         leaves, treedef = jax.tree.flatten(dyn)
         vs = self._choose_slice(f, leaves)
-        in_specs = f._leaf_specs(treedef)
-        arrays: list[RemoteArray] = []
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, RemoteArray):
+        arrays: list[RemoteArray] = leaves
+        for leaf in leaves:
+            if type(leaf) is not RemoteArray:
+                in_specs = f._leaf_specs(treedef)
+                arrays = [
+                    x if isinstance(x, RemoteArray) else self._put(vs, x, s or PartitionSpec())
+                    for x, s in zip(leaves, in_specs, strict=True)
+                ]
+                break
+            if leaf._deleted:
                 leaf._check_usable()
-                arrays.append(leaf)
-            else:
-                arrays.append(self._put(vs, leaf, in_specs[i] or PartitionSpec()))
         donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donate_argnums else ()
         key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
         prog = f._programs.get(key)
@@ -391,6 +394,13 @@ class Client:
         return self._launch(prog, vs, arrays)
 
     def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
+        if f.slice is None and leaves and type(leaves[0]) is RemoteArray:
+            # The common case: every argument a RemoteArray on one active slice.
+            vs = leaves[0].slice
+            if vs.state == "active" and all(
+                type(x) is RemoteArray and x.slice is vs for x in leaves
+            ):
+                return vs
         on = {x.slice.id: x.slice for x in leaves if isinstance(x, RemoteArray)}
         if len(on) > 1:
             names = sorted(s.name for s in on.values())
