@@ -20,11 +20,13 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import statistics
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import psutil
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -43,8 +45,11 @@ def tiny(x: jax.Array) -> jax.Array:
     return x + 1
 
 
-def measure(f: Any, g: Any, x0: Any, calls: int, roundtrips: int) -> tuple[float, float]:
-    """Seconds for ``calls`` chained calls of ``f``, and per round trip of ``g``.
+def measure(
+    f: Any, g: Any, x0: Any, calls: int, roundtrips: int, procs: dict[str, psutil.Process]
+) -> tuple[float, float, dict[str, float]]:
+    """Seconds for ``calls`` chained calls of ``f``, per round trip of ``g``, and the CPU
+    seconds per chained call that each process of ``procs`` spent meanwhile.
 
     The same code measures both sides: a RemoteArray answers ``block_until_ready`` and
     ``np.asarray`` as a ``jax.Array`` does.
@@ -64,39 +69,56 @@ def measure(f: Any, g: Any, x0: Any, calls: int, roundtrips: int) -> tuple[float
         for _ in range(roundtrips):
             np.asarray(g(x0))
 
-    return timed(chain), timed(rt) / roundtrips
+    before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+    seconds = timed(chain)
+    cpu = {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in procs.items()}
+    return seconds, timed(rt) / roundtrips, cpu
 
 
-def plain_jax(calls: int, roundtrips: int) -> tuple[float, float]:
+def plain_jax(
+    calls: int, roundtrips: int, procs: dict[str, psutil.Process]
+) -> tuple[float, float, dict[str, float]]:
     mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
     sh = NamedSharding(mesh, P("d"))
     f = jax.jit(allreduce_add, out_shardings=sh)
     g = jax.jit(tiny, out_shardings=sh)
-    return measure(f, g, jax.device_put(np.ones(SIZE, np.float32), sh), calls, roundtrips)
+    return measure(f, g, jax.device_put(np.ones(SIZE, np.float32), sh), calls, roundtrips, procs)
 
 
-def ours(client: pw.Client, calls: int, roundtrips: int) -> tuple[float, float]:
+def ours(
+    client: pw.Client, calls: int, roundtrips: int, procs: dict[str, psutil.Process]
+) -> tuple[float, float, dict[str, float]]:
     vs = client.default_slice
     assert vs is not None
     f = pw.jit(allreduce_add, out_shardings=P("d"))
     g = pw.jit(tiny, out_shardings=P("d"))
-    return measure(f, g, vs.put(np.ones(SIZE, np.float32), P("d")), calls, roundtrips)
+    return measure(f, g, vs.put(np.ones(SIZE, np.float32), P("d")), calls, roundtrips, procs)
 
 
 def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
     jax_chain, jax_rt, pw_chain, pw_rt = [], [], [], []
+    jax_cpu: list[dict[str, float]] = []
+    pw_cpu: list[dict[str, float]] = []
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
         pw.Client(cluster) as client,
     ):
         client.allocate({"d": 4})
+        host_pid = int(client.status().islands.process[0].rsplit(":", 1)[1])
+        procs = {
+            "client": psutil.Process(),
+            "controller": psutil.Process(cluster.scheduler_pid),
+            "host": psutil.Process(host_pid),
+        }
         for _ in range(repeats):
-            c, r = plain_jax(calls, roundtrips)
+            c, r, cpu = plain_jax(calls, roundtrips, procs)
             jax_chain.append(calls / c)
             jax_rt.append(r)
-            c, r = ours(client, calls, roundtrips)
+            jax_cpu.append(cpu)
+            c, r, cpu = ours(client, calls, roundtrips, procs)
             pw_chain.append(calls / c)
             pw_rt.append(r)
+            pw_cpu.append(cpu)
     chained = {
         "plain_jax_calls_per_s": summary(jax_chain),
         "pathways_calls_per_s": summary(pw_chain),
@@ -105,6 +127,11 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
         chained["pathways_calls_per_s"]["median"] / chained["plain_jax_calls_per_s"]["median"]
     )
     chained["target_ratio"] = 0.7
+    # Where the time goes: CPU microseconds per chained call in each process (median).
+    chained["cpu_us_per_call"] = {
+        side: {k: 1e6 * statistics.median(c[k] for c in runs) for k in procs}
+        for side, runs in (("plain_jax", jax_cpu), ("pathways", pw_cpu))
+    }
     roundtrip = {"plain_jax_s": summary(jax_rt), "pathways_s": summary(pw_rt)}
     roundtrip["ratio"] = roundtrip["pathways_s"]["median"] / roundtrip["plain_jax_s"]["median"]
     roundtrip["target_pathways_s"] = 1e-3
