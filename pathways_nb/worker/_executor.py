@@ -409,7 +409,7 @@ class Executor:
                 except queue.Empty:
                     break
             count, expected = self._plan_wait(queued)
-            if acks and expected > _ACK_DELAY:
+            if acks and expected >= _ACK_DELAY:
                 flush()  # about to wait long: send what is done first
             self._wait_for(queued, count)
             for _ in range(count):
