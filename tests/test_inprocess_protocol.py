@@ -196,3 +196,24 @@ def test_a_compile_in_progress_on_a_lost_host_fails_instead_of_hanging() -> None
         with pytest.raises(pw.DataLossError, match="lost"):
             pw.jit(lambda a: a * 3, name="needs_compile")(x)
         t.join()
+
+
+def test_a_silent_host_is_declared_lost_after_its_timeout() -> None:
+    with (
+        pw.InProcessCluster(2, 2, config=Config(host_timeout_seconds=1.5)) as c,
+        c.client() as client,
+    ):
+        vs = client.allocate({"x": 2})
+        other = client.allocate({"x": 2})
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        y = other.put(np.ones(2, np.float32), P("x"))
+        # The host stops serving without a word, as a hung or partitioned one would.
+        next(h for h in c.hosts if h.name == vs.host).stop()
+        deadline = time.monotonic() + 20
+        while vs.state != "lost" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert vs.state == "lost"
+        with pytest.raises(pw.DataLossError):
+            x.fetch()
+        np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))
+        assert c.controller.statistics().live_hosts == 1

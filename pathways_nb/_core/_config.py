@@ -45,6 +45,9 @@ class Config:
     store_limit_bytes: int = 0
     # Seconds a client may stay silent before its lease lapses and its slices are freed.
     lease_seconds: float = 30.0
+    # Seconds a host may stay silent (it beats every second) before the controller
+    # declares it lost, for hosts whose death the cluster engine does not report.
+    host_timeout_seconds: float = 30.0
     # Seconds a host waits for an array the client put but that has not arrived yet.
     put_wait_seconds: float = 60.0
 
@@ -61,6 +64,9 @@ class Config:
             max_data_message=_env_int("PATHWAYS_MAX_DATA_MESSAGE", d.max_data_message),
             store_limit_bytes=_env_int("PATHWAYS_STORE_LIMIT_BYTES", d.store_limit_bytes),
             lease_seconds=_env_float("PATHWAYS_LEASE_SECONDS", d.lease_seconds),
+            host_timeout_seconds=_env_float(
+                "PATHWAYS_HOST_TIMEOUT_SECONDS", d.host_timeout_seconds
+            ),
             put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
         )
 

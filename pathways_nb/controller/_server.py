@@ -108,6 +108,7 @@ class Controller(ClientRequests):
         self._host_programs: dict[str, set[str]] = {}
         self._host_ident: dict[str, bytes] = {}
         self._ident_host: dict[bytes, str] = {}
+        self._host_seen: dict[str, float] = {}  # host -> monotonic time of its last message
         self._host_versions: dict[str, Versions] = {}
         self._launches: dict[int, Launch] = {}
         self._where: dict[int, str] = {}
@@ -221,6 +222,12 @@ class Controller(ClientRequests):
         for t in self.tenants.expired(self.config.lease_seconds):
             log.warning("tenant %s (%s) lease lapsed; freeing its slices", t.tenant, t.name)
             self._drop_tenant(t, "lease lapsed")
+        now = time.monotonic()
+        for host, seen in list(self._host_seen.items()):
+            if now - seen > self.config.host_timeout_seconds:
+                self._lose_host(
+                    host, f"no word from it for {self.config.host_timeout_seconds:.0f} s"
+                )
 
     # sending ------------------------------------------------------------------------
     def _send_client(
@@ -259,6 +266,8 @@ class Controller(ClientRequests):
             return
         h = msg.header
         host = self._ident_host.get(identity)
+        if host is not None:
+            self._host_seen[host] = time.monotonic()
         if kind == "register":
             self._register_host(identity, h)
             return
@@ -302,6 +311,7 @@ class Controller(ClientRequests):
         self.scheduler.add_island(info.island, info.process)
         self._host_ident[host] = identity
         self._ident_host[identity] = host
+        self._host_seen[host] = time.monotonic()
         self._host_versions[host] = versions
         self._host_programs[host] = set()
         self.events.add(
@@ -347,6 +357,7 @@ class Controller(ClientRequests):
         if info is None or not info.alive:
             return
         lost = self.rm.lose_host(host)
+        self._host_seen.pop(host, None)
         ident = self._host_ident.pop(host, None)
         if ident is not None:
             self._ident_host.pop(ident, None)

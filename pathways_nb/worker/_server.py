@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,7 @@ _BATCHED_TYPES = frozenset({"run", "drop"})
 _DATA_TYPES = frozenset({"hello", "put", "fetch", "wait"})
 _TO_CONTROLLER = b"c"
 _INLINE_BYTES = 1 << 20
+_HEARTBEAT = 1.0  # seconds between heartbeats to the controller
 
 
 class Host:
@@ -197,8 +199,14 @@ class Host:
         poller.register(self._ctl, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
         poller.register(self._outbox.socket, zmq.POLLIN)
+        next_beat = time.monotonic() + _HEARTBEAT
         while not self._stopping.is_set():
-            ready = dict(poller.poll(1000))
+            ready = dict(poller.poll(int(_HEARTBEAT * 1000)))
+            if time.monotonic() >= next_beat:
+                # Tells the controller this host still serves, where no cluster engine
+                # reports deaths (or the process hangs without dying).
+                self._ctl.send_multipart(encode({"t": "heartbeat"}))
+                next_beat = time.monotonic() + _HEARTBEAT
             if self._outbox.socket in ready:
                 self._send_outbox()
             if self._ctl in ready:

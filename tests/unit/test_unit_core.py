@@ -198,6 +198,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "max_data_message": "2048",
         "store_limit_bytes": "4096",
         "lease_seconds": "2.5",
+        "host_timeout_seconds": "9",
         "put_wait_seconds": "7",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
@@ -211,6 +212,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         max_data_message=2048,
         store_limit_bytes=4096,
         lease_seconds=2.5,
+        host_timeout_seconds=9.0,
         put_wait_seconds=7.0,
     )
 
