@@ -251,3 +251,20 @@ _UNARY: dict[str, Callable[[Any], Any]] = {
 }
 for _name, _fn in _UNARY.items():
     setattr(RemoteArray, f"__{_name}__", _unary(_fn, _name))
+
+
+def index_key(idx: Any) -> str:
+    """A stable text key for a static index; anything dynamic is refused with advice."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    out = []
+    for p in parts:
+        if isinstance(p, slice):
+            out.append(f"{p.start}:{p.stop}:{p.step}")
+        elif p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool)):
+            out.append(repr(p))
+        else:
+            raise TypeError(
+                "RemoteArray indexing takes ints, slices, None and Ellipsis (static indices); "
+                f"got {type(p).__name__}. Index inside a pw.jit function for dynamic indices."
+            )
+    return ",".join(out)

@@ -34,7 +34,7 @@ from pathways_nb.client._direct import DirectChannels
 from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, _is_remote, jit
-from pathways_nb.client._remote import RemoteArray
+from pathways_nb.client._remote import RemoteArray, index_key
 from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import Status, events_frame
 
@@ -251,7 +251,7 @@ class Client:
             if data.dtype.kind not in "biufc":
                 raise TypeError(f"put takes numeric arrays; got dtype {data.dtype}")
             dtype, shape = data.dtype, data.shape
-        self._check_spec(vs, spec, shape)
+        vs.check_spec(spec, shape)
         handle = self._ids.next()
         header.update(
             {
@@ -277,27 +277,6 @@ class Client:
         exc = fut.exception()
         if isinstance(exc, RemoteError):
             self._errors[handle] = exc
-
-    def _check_spec(self, vs: VirtualSlice, spec: PartitionSpec, shape: Sequence[int]) -> None:
-        if len(spec) > len(shape):
-            raise ValueError(
-                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
-            )
-        for dim, entry in enumerate(spec):
-            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-            n = 1
-            for a in axes:
-                if a not in vs.mesh_shape:
-                    raise ValueError(
-                        f"PartitionSpec {spec} names axis {a!r}, but slice {vs.name!r} has axes "
-                        f"{list(vs.mesh_shape)}"
-                    )
-                n *= vs.mesh_shape[a]
-            if shape[dim] % n:
-                raise ValueError(
-                    f"dimension {dim} of size {shape[dim]} does not split evenly over {n} devices "
-                    f"({spec} on mesh {vs.mesh_shape})"
-                )
 
     def fetch(self, tree: Any) -> Any:
         """Values of every RemoteArray in ``tree`` (any pytree), as NumPy arrays."""
@@ -521,7 +500,7 @@ class Client:
         return f(*(a for a in args if not isinstance(a, int | float | bool)))
 
     def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
-        key = _index_key(index)
+        key = index_key(index)
         return self._op(f"getitem[{key}]", lambda a: a[index], x)
 
     # notifications from the IO thread -------------------------------------------------
@@ -596,23 +575,6 @@ class Client:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._pending)} launches still pending")
                 self._cond.wait(0.05)
-
-
-def _index_key(idx: Any) -> str:
-    """A stable text key for a static index; anything dynamic is refused with advice."""
-    parts = idx if isinstance(idx, tuple) else (idx,)
-    out = []
-    for p in parts:
-        if isinstance(p, slice):
-            out.append(f"{p.start}:{p.stop}:{p.step}")
-        elif p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool)):
-            out.append(repr(p))
-        else:
-            raise TypeError(
-                "RemoteArray indexing takes ints, slices, None and Ellipsis (static indices); "
-                f"got {type(p).__name__}. Index inside a pw.jit function for dynamic indices."
-            )
-    return ",".join(out)
 
 
 def fetch(tree: Any) -> Any:

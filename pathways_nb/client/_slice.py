@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pathways_nb._core import ClosedError, DataLossError
@@ -77,6 +78,28 @@ class VirtualSlice:
         The bytes go straight to the host, never through the controller.
         """
         return self._client._put(self, value, spec)
+
+    def check_spec(self, spec: PartitionSpec, shape: Sequence[int]) -> None:
+        """Raise ValueError unless ``spec`` can shard an array of ``shape`` on this slice."""
+        if len(spec) > len(shape):
+            raise ValueError(
+                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
+            )
+        for dim, entry in enumerate(spec):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            n = 1
+            for a in axes:
+                if a not in self.mesh_shape:
+                    raise ValueError(
+                        f"PartitionSpec {spec} names axis {a!r}, but slice {self.name!r} has axes "
+                        f"{list(self.mesh_shape)}"
+                    )
+                n *= self.mesh_shape[a]
+            if shape[dim] % n:
+                raise ValueError(
+                    f"dimension {dim} of size {shape[dim]} does not split evenly over {n} devices "
+                    f"({spec} on mesh {self.mesh_shape})"
+                )
 
     def sharding(self, spec: PartitionSpec) -> Any:
         """``NamedSharding`` of ``spec`` over this slice's abstract mesh."""
