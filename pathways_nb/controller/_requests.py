@@ -21,7 +21,7 @@ from pathways_nb._core import (
 )
 from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._records import Launch, Program
-from pathways_nb.controller._resources import ResourceManager
+from pathways_nb.controller._resources import ResourceManager, SliceInfo
 from pathways_nb.controller._scheduler import GangScheduler, Work
 from pathways_nb.controller._tenants import Tenant, Tenants
 
@@ -77,18 +77,23 @@ class ClientRequests:
 
     def _c_release(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         s = self.rm.get(h["slice"], t.tenant)
-        was_active = s.state == "active"
+        if s.state == "active":
+            self._release_slice(t, s)
+            self.events.add("release", t.tenant, slice=s.slice, island=s.island, host=s.host)
+        else:
+            self.rm.release(s.slice, t.tenant)  # releasing twice is a no-op
+        self._reply(t, h["rid"])
+
+    def _release_slice(self, t: Tenant, s: SliceInfo) -> None:
+        """Free an active slice; its arrays are deleted on the host after queued work."""
         self.rm.release(s.slice, t.tenant)
         handles = self._slice_handles.pop(s.slice, set())
         for hd in handles:
             self._where.pop(hd, None)
-        if was_active and handles:
+        if handles:
             self.scheduler.submit(
                 Work("drop", t.tenant, s.island, 0, body=(s.host, sorted(handles)))
             )
-        if was_active:
-            self.events.add("release", t.tenant, slice=s.slice, island=s.island, host=s.host)
-        self._reply(t, h["rid"])
 
     def _c_program(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         if len(bufs) != 1:
@@ -259,14 +264,7 @@ class ClientRequests:
         self._cancel_queued(t, f"the client went away ({why})")
         for s in list(self.rm.slices.values()):
             if s.tenant == t.tenant and s.state == "active":
-                self.rm.release(s.slice, t.tenant)
-                handles = self._slice_handles.pop(s.slice, set())
-                for hd in handles:
-                    self._where.pop(hd, None)
-                if handles:
-                    self.scheduler.submit(
-                        Work("drop", t.tenant, s.island, 0, body=(s.host, sorted(handles)))
-                    )
+                self._release_slice(t, s)
         self.events.add("tenant_leave", t.tenant, detail=why)
         self.tenants.remove(t.tenant)
         self.scheduler.forget_tenant(t.tenant)

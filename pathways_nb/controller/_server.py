@@ -243,11 +243,14 @@ class Controller(ClientRequests):
                 self._drop_tenant(t, "connection gone")
 
     def _send_host(self, host: str, header: dict[str, Any], bufs: Sequence[Any] = ()) -> bool:
+        return self._send_host_frames(host, encode(header, bufs))
+
+    def _send_host_frames(self, host: str, frames: Sequence[Any]) -> bool:
         ident = self._host_ident.get(host)
         if ident is None:
             return False
         try:
-            self._hosts.send_multipart([ident, *encode(header, bufs)], copy=False)
+            self._hosts.send_multipart([ident, *frames], copy=False)
             return True
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
@@ -538,15 +541,7 @@ class Controller(ClientRequests):
 
     def _send_batch(self, host: str, packed: list[bytes]) -> None:
         if packed:
-            ident = self._host_ident.get(host)
-            if ident is None:
-                return
-            try:
-                self._hosts.send_multipart([ident, encode_batch(packed)])
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-                self._lose_host(host, "its connection to the controller is gone")
+            self._send_host_frames(host, [encode_batch(packed)])
 
     def _statistics(self) -> ControllerStatistics:
         return ControllerStatistics(

@@ -185,12 +185,10 @@ class LocalCluster:
                 raise BrokenError(f"{what} exited with code {p.returncode}" + self._logs_hint())
 
     def _logs_hint(self) -> str:
-        tails = []
-        for name in sorted(os.listdir(self._tmp.name)):
-            if name.endswith(".log"):
-                with open(os.path.join(self._tmp.name, name), "rb") as f:
-                    text = f.read().decode(errors="replace").strip().splitlines()[-60:]
-                tails.append(f"--- {name} ---\n" + "\n".join(text))
+        tails = [
+            f"--- {name}.log ---\n" + "\n".join(text.strip().splitlines()[-60:])
+            for name, text in self.logs().items()
+        ]
         return ("\n" + "\n".join(tails)) if tails else ""
 
     def logs(self) -> dict[str, str]:

@@ -184,13 +184,18 @@ class Host:
 
     def _to_client(self, identity: bytes, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
         if threading.get_ident() == self._loop_ident:
-            try:
-                self._data.send_multipart([identity, *encode(header, bufs)], copy=False)
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-            return
-        self._outbox.send(b"d" + identity, encode(header, bufs))
+            self._send_data(identity, encode(header, bufs))
+        else:
+            self._outbox.send(b"d" + identity, encode(header, bufs))
+
+    def _send_data(self, identity: bytes, frames: Sequence[Any]) -> None:
+        """Send to a client on the data plane; only the socket thread calls this."""
+        try:
+            self._data.send_multipart([identity, *frames], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            # The client went away before its reply; nothing to deliver.
 
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -223,15 +228,10 @@ class Host:
 
     def _send_outbox(self) -> None:
         for target, frames in self._outbox.drain():
-            try:
-                if target == _TO_CONTROLLER:
-                    self._ctl.send_multipart(frames, copy=False)
-                elif target.startswith(b"d"):
-                    self._data.send_multipart([target[1:], *frames], copy=False)
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-                # The client went away before its reply; nothing to deliver.
+            if target == _TO_CONTROLLER:
+                self._ctl.send_multipart(frames, copy=False)
+            elif target.startswith(b"d"):
+                self._send_data(target[1:], frames)
 
     # controller messages ------------------------------------------------------------
     def _on_controller(self, frames: list[Any]) -> None:
