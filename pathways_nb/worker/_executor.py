@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -52,6 +52,19 @@ class _Program:
             else math.prod(a.shape) * np.dtype(a.dtype).itemsize
             for a in self.exported.out_avals
         ]
+
+
+class _Done(NamedTuple):
+    """A dispatched launch, handed to the completion thread."""
+
+    lid: int
+    outs: list[int]
+    leaves: list[Any] | None  # None when it failed before running
+    t0: float
+    err: RemoteError | None
+    name: str
+    sname: str
+    donated: list[Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +200,7 @@ class Executor:
             err = RemoteError(message, kind="cancelled", program=name, slice=sname, host=self.host)
             for hd in h["outs"]:
                 self.store.fail(hd, err)
-            self._done.put((h["lid"], h["outs"], None, time.time(), err, name, sname, []))
+            self._done.put(_Done(h["lid"], h["outs"], None, time.time(), err, name, sname, []))
         return len(cancelled)
 
     def _runnable_now(self, h: dict[str, Any]) -> tuple[_Program, Any, tuple[int, ...]] | None:
@@ -375,13 +388,13 @@ class Executor:
             for hd, arr, nbytes in zip(outs, leaves, prog.out_nbytes, strict=True):
                 self.store.set(hd, arr, nbytes, (name, sname))
             self._launches += 1
-            self._done.put((lid, outs, leaves, t0, None, name, sname, donated))
+            self._done.put(_Done(lid, outs, leaves, t0, None, name, sname, donated))
         except Exception as exc:
             err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
             for hd in outs:
                 self.store.fail(hd, err)
             self._failures += 1
-            self._done.put((lid, outs, None, t0, err, name, sname, []))
+            self._done.put(_Done(lid, outs, None, t0, err, name, sname, []))
 
     # completion thread --------------------------------------------------------------
     def _completion_loop(self) -> None:
@@ -447,12 +460,12 @@ class Executor:
         for i, item in enumerate(queued):
             if item is _STOP:
                 return i + 1, expected
-            cost = self._duration.get(item[5], _BATCH_WAIT)
+            cost = self._duration.get(item.name, _BATCH_WAIT)
             if i and expected + cost > _BATCH_WAIT:
                 break
             expected += cost
             count = i + 1
-            if self.store.has_ready_waiters(item[1]):
+            if self.store.has_ready_waiters(item.outs):
                 break
         return count, expected
 
@@ -460,9 +473,9 @@ class Executor:
         """Wait for the last launch among the first ``count`` queued items."""
         for i in range(count - 1, -1, -1):
             item = queued[i]
-            if item is not _STOP and item[2] is not None:
+            if item is not _STOP and item.leaves is not None:
                 with contextlib.suppress(Exception):  # its own completion records a failure
-                    _wait_outputs(item[2], self._donated)
+                    _wait_outputs(item.leaves, self._donated)
                 return
 
     def _complete(

@@ -2,7 +2,8 @@
 
 A handle is *absent* until the dispatch thread stores the program's outputs (JAX arrays
 whose computation may still be running: JAX's own async dispatch orders the rest) or an
-error. Fetches that arrive earlier park a callback instead of blocking a thread.
+error; it is *ready* once the completion thread saw its computation finish. Fetches
+that arrive earlier park a callback instead of blocking a thread.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ class ObjectStore:
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit
         self._entries: dict[int, Entry] = {}
-        self._waiters: dict[int, list[Waiter]] = {}
         self._ready_waiters: dict[int, list[Waiter]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
@@ -107,21 +107,10 @@ class ObjectStore:
                 self._bytes -= old.nbytes
             self._entries[handle] = entry
             self._bytes += entry.nbytes
-            waiters = list(self._waiters.pop(handle, ()))
-            if entry.ready:
-                waiters.extend(self._ready_waiters.pop(handle, ()))
+            waiters = self._ready_waiters.pop(handle, []) if entry.ready else []
             self._cond.notify_all()
         for w in waiters:
             w(entry)
-
-    def when_present(self, handle: int, waiter: Waiter) -> None:
-        """Call ``waiter(entry)`` once the handle has a value or an error (maybe at once)."""
-        with self._lock:
-            entry = self._entries.get(handle)
-            if entry is None:
-                self._waiters.setdefault(handle, []).append(waiter)
-                return
-        waiter(entry)
 
     def wait(self, handle: int, timeout: float) -> Entry | None:
         """Block until the handle is present; None on timeout."""
@@ -146,10 +135,7 @@ class ObjectStore:
     def fail_waiters(self, make_error: Callable[[int], RemoteError]) -> None:
         """Answer every parked waiter with an error (the host is shutting down)."""
         with self._lock:
-            waiters, self._waiters = self._waiters, {}
-            for h, ws in self._ready_waiters.items():
-                waiters.setdefault(h, []).extend(ws)
-            self._ready_waiters = {}
+            waiters, self._ready_waiters = self._ready_waiters, {}
         for h, ws in waiters.items():
             for w in ws:
                 w(Entry(error=make_error(h), ready=True))
@@ -165,6 +151,5 @@ class ObjectStore:
                 errors=sum(1 for e in self._entries.values() if e.error is not None),
                 bytes=self._bytes,
                 limit=self.limit,
-                waiters=sum(len(w) for w in self._waiters.values())
-                + sum(len(w) for w in self._ready_waiters.values()),
+                waiters=sum(len(w) for w in self._ready_waiters.values()),
             )

@@ -72,26 +72,28 @@ def test_reserve_check_names_the_limit_and_the_fix() -> None:
     assert store.bytes == 60  # a check reserves nothing
 
 
-def test_a_waiter_on_a_present_handle_is_called_at_once() -> None:
+def test_a_waiter_on_a_ready_handle_is_called_at_once() -> None:
     store = ObjectStore()
-    store.set(1, "a", 8)
+    store.set(1, "a", 8, ready=True)
     seen: list[Entry] = []
-    store.when_present(1, seen.append)
-    assert seen == [Entry(value="a", nbytes=8)]
+    store.when_ready(1, seen.append)
+    assert seen == [Entry(value="a", nbytes=8, ready=True)]
     assert store.statistics().waiters == 0
 
 
 def test_parked_waiters_are_called_once_in_order_when_the_value_arrives() -> None:
     store = ObjectStore()
     seen: list[tuple[str, object]] = []
-    store.when_present(1, lambda e: seen.append(("first", e.value)))
-    store.when_present(1, lambda e: seen.append(("second", e.value)))
-    store.when_present(2, lambda e: seen.append(("other", e.value)))
+    store.when_ready(1, lambda e: seen.append(("first", e.value)))
+    store.when_ready(1, lambda e: seen.append(("second", e.value)))
+    store.when_ready(2, lambda e: seen.append(("other", e.value)))
     assert seen == []
     assert store.statistics().waiters == 3
-    store.set(1, "a", 8)
+    store.set(1, "a", 8)  # present, still computing
+    assert seen == []
+    store.mark_ready([1])
     assert seen == [("first", "a"), ("second", "a")]
-    store.set(1, "b", 8)
+    store.set(1, "b", 8, ready=True)
     assert seen == [("first", "a"), ("second", "a")]
     assert store.statistics().waiters == 1
 
@@ -99,7 +101,7 @@ def test_parked_waiters_are_called_once_in_order_when_the_value_arrives() -> Non
 def test_a_parked_waiter_receives_a_failure() -> None:
     store = ObjectStore()
     seen: list[Entry] = []
-    store.when_present(5, seen.append)
+    store.when_ready(5, seen.append)
     err = DataLossError("host lost")
     store.fail(5, err)
     assert len(seen) == 1 and seen[0].error is err and seen[0].nbytes == 0
@@ -116,9 +118,9 @@ def test_fail_waiters_answers_every_parked_waiter_once() -> None:
 
         return called
 
-    store.when_present(1, waiter(1))
-    store.when_present(1, waiter(1))
-    store.when_present(2, waiter(2))
+    store.when_ready(1, waiter(1))
+    store.when_ready(1, waiter(1))
+    store.when_ready(2, waiter(2))
     store.fail_waiters(lambda h: RemoteError(f"host stopping before handle {h}"))
     assert seen == [
         (1, "host stopping before handle 1"),
