@@ -99,20 +99,32 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 def check(header: dict[str, Any], allowed: frozenset[str] | None = None) -> str:
     """Return the message type after checking its fields; raise ProtocolError otherwise."""
     kind = header.get("t")
-    schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
-    if schema is None or (allowed is not None and kind not in allowed):
+    fields = _FIELDS.get(kind) if type(kind) is str else None
+    if fields is None or (allowed is not None and kind not in allowed):
         expected = sorted(allowed) if allowed is not None else sorted(SCHEMAS)
         raise ProtocolError(f"unexpected message type {kind!r} here; expected one of {expected}")
-    for field, types in schema.items():
-        if field not in header:
-            raise ProtocolError(f"{kind!r} message lacks field {field!r}")
-        value = header[field]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = "/".join(t.__name__ for t in types)
-            raise ProtocolError(
-                f"{kind!r} message field {field!r} must be {names}; got {type(value).__name__}"
-            )
+    get = header.get
+    # msgpack decodes to exact builtin types, so an exact type test suffices; it also
+    # keeps booleans out of integer fields.
+    for field, types in fields:
+        if type(get(field, _MISSING)) not in types:
+            _explain(str(kind), header, field, types)
     return str(kind)
+
+
+_MISSING = object()
+_FIELDS: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
+    kind: tuple(schema.items()) for kind, schema in SCHEMAS.items()
+}
+
+
+def _explain(kind: str, header: dict[str, Any], field: str, types: tuple[type, ...]) -> None:
+    if field not in header:
+        raise ProtocolError(f"{kind!r} message lacks field {field!r}")
+    names = "/".join(t.__name__ for t in types)
+    raise ProtocolError(
+        f"{kind!r} message field {field!r} must be {names}; got {type(header[field]).__name__}"
+    )
 
 
 def error_header(message: str, rid: Any = None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from pathways_nb._core import RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._errors import to_remote
-from pathways_nb.worker._store import ObjectStore
+from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
 
@@ -44,6 +44,7 @@ class _Program:
     exported: export.Exported
     # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
     out_nbytes: list[int] = dataclasses.field(default_factory=list)
+    total_nbytes: int = 0
 
     def __post_init__(self) -> None:
         self.out_nbytes = [
@@ -52,6 +53,11 @@ class _Program:
             else math.prod(a.shape) * np.dtype(a.dtype).itemsize
             for a in self.exported.out_avals
         ]
+        self.total_nbytes = sum(self.out_nbytes)
+
+
+# A compiled launch's program, executable and donated argument indices.
+_Plan = tuple[_Program, Any, tuple[int, ...]]
 
 
 class _Done(NamedTuple):
@@ -113,7 +119,7 @@ class Executor:
         self._cv = threading.Condition()
         # run message key -> (program, executable, donated argument indices): what a
         # launch needs, found with one lookup once its program is compiled here.
-        self._plans: dict[tuple[Any, ...], tuple[_Program, Any, tuple[int, ...]]] = {}
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._compiles = 0
@@ -159,21 +165,21 @@ class Executor:
         """
         if kind == "run":
             self._runs_received += 1
-        plan = self._runnable_now(body) if kind == "run" else None
-        if plan is not None:
-            with self._cv:
-                inline = not self._pending and not self._busy
+            ready = self._runnable_now(body)
+            if ready is not None:
+                with self._cv:
+                    inline = not self._pending and not self._busy
+                    if inline:
+                        self._busy = True
                 if inline:
-                    self._busy = True
-            if inline:
-                try:
-                    self._do_run(body, plan)
-                finally:
-                    with self._cv:
-                        self._busy = False
-                        if self._pending:
-                            self._cv.notify()
-                return
+                    try:
+                        self._run_planned(body, *ready)
+                    finally:
+                        with self._cv:
+                            self._busy = False
+                            if self._pending:
+                                self._cv.notify()
+                    return
         with self._cv:
             self._pending.append((kind, body))
             self._cv.notify()
@@ -203,15 +209,15 @@ class Executor:
             self._done.put(_Done(h["lid"], h["outs"], None, time.time(), err, name, sname, []))
         return len(cancelled)
 
-    def _runnable_now(self, h: dict[str, Any]) -> tuple[_Program, Any, tuple[int, ...]] | None:
-        """The launch's plan if it can run at once (compiled, inputs here), else None."""
+    def _runnable_now(self, h: dict[str, Any]) -> tuple[_Plan, list[Entry]] | None:
+        """The launch's plan and input entries if it can run at once, else None."""
         if self._faults:
             return None  # injected faults (delays, crashes) belong on the dispatch thread
         plan = self._plans.get(_run_key(h))
         if plan is None:
             return None
-        get = self.store.get
-        return plan if all(get(hd) is not None for hd in h["ins"]) else None
+        entries = self.store.get_many(h["ins"])
+        return None if entries is None else (plan, entries)
 
     # programs -----------------------------------------------------------------------
     def add_program(self, pid: str, name: str, blob: bytes) -> None:
@@ -328,16 +334,53 @@ class Executor:
                 return kind
         return None
 
-    def _do_run(
-        self, h: dict[str, Any], plan: tuple[_Program, Any, tuple[int, ...]] | None = None
-    ) -> None:
+    def _run_planned(self, h: dict[str, Any], plan: _Plan, entries: list[Entry]) -> None:
+        """Run a launch whose executable and inputs are here: the common, lean path."""
         t0 = time.time()
+        prog, fn, donate = plan
+        outs = h["outs"]
+        try:
+            args = []
+            for e in entries:
+                if e.error is not None:
+                    raise e.error
+                args.append(e.value)
+            if self.store.limit:
+                freeing = sum(entries[i].nbytes for i in donate)
+                self.store.reserve_check(prog.total_nbytes, freeing)
+            donated = [args[i] for i in donate] if donate else []
+            if donate:
+                self._donated.update(id(a) for a in donated)
+            results = fn(*args)
+            if donate:
+                ins = h["ins"]
+                self.store.drop([ins[i] for i in donate])
+            leaves = results if isinstance(results, list) else jax.tree.leaves(results)
+            sname = h.get("name", h["slice"])
+            self.store.set_many(outs, leaves, prog.out_nbytes, (prog.name, sname))
+            self._launches += 1
+            self._done.put(_Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated))
+        except Exception as exc:
+            sname = h.get("name", h["slice"])
+            err = to_remote(exc, "runtime", program=prog.name, slice=sname, host=self.host)
+            for hd in outs:
+                self.store.fail(hd, err)
+            self._failures += 1
+            self._done.put(_Done(h["lid"], outs, None, t0, err, prog.name, sname, []))
+
+    def _do_run(self, h: dict[str, Any]) -> None:
+        if not self._faults:
+            ready = self._runnable_now(h)
+            if ready is not None:
+                self._run_planned(h, *ready)
+                return
+        t0 = time.time()
+        plan: _Plan | None = None
         lid, outs = h["lid"], h["outs"]
         name, sname = h["pid"], h.get("name", h["slice"])
         try:
-            key = _run_key(h) if plan is None else None
-            if plan is None and key is not None:
-                plan = self._plans.get(key)
+            key = _run_key(h)
+            plan = self._plans.get(key)
             prog = plan[0] if plan is not None else self._program(h["pid"])
             name = prog.name
             fault = self._take_fault(name)
@@ -366,7 +409,7 @@ class Executor:
             if self.store.limit:
                 entries = [self.store.get(h["ins"][i]) for i in donate]
                 freeing = sum(e.nbytes for e in entries if e is not None)
-                self.store.reserve_check(sum(prog.out_nbytes), freeing)
+                self.store.reserve_check(prog.total_nbytes, freeing)
             if plan is not None:
                 fn = plan[1]
             else:
@@ -376,8 +419,7 @@ class Executor:
                     raise to_remote(
                         exc, "compile", program=name, slice=sname, host=self.host
                     ) from None
-                if key is not None:
-                    self._plans[key] = (prog, fn, donate)
+                self._plans[key] = (prog, fn, donate)
             donated = [args[i] for i in donate]
             self._donated.update(id(a) for a in donated)
             results = fn(*args)
@@ -385,8 +427,7 @@ class Executor:
                 self.store.drop([h["ins"][i] for i in donate])
             # The exported function is flat: it returns a list of arrays.
             leaves = results if isinstance(results, list) else jax.tree.leaves(results)
-            for hd, arr, nbytes in zip(outs, leaves, prog.out_nbytes, strict=True):
-                self.store.set(hd, arr, nbytes, (name, sname))
+            self.store.set_many(outs, leaves, prog.out_nbytes, (name, sname))
             self._launches += 1
             self._done.put(_Done(lid, outs, leaves, t0, None, name, sname, donated))
         except Exception as exc:
@@ -425,15 +466,19 @@ class Executor:
             if acks and expected >= _ACK_DELAY:
                 flush()  # about to wait long: send what is done first
             self._wait_for(queued, count)
+            computed: list[int] = []
             for _ in range(count):
                 item = queued.popleft()
                 if item is _STOP:
+                    self.store.mark_ready(computed)
                     flush()
                     return
                 if not acks:
                     oldest = time.monotonic()
-                acks.append(self._complete(*item))
+                acks.append(self._complete(item, computed))
                 self._runs_completed += 1
+            # One pass over the store for the whole group answers its waiting fetches.
+            self.store.mark_ready(computed)
             # The controller needs acknowledgements only to refill the window and to
             # account; launches that finished together go together, and they wait for
             # company while more of this host's launches are about to finish.
@@ -478,18 +523,10 @@ class Executor:
                     _wait_outputs(item.leaves, self._donated)
                 return
 
-    def _complete(
-        self,
-        lid: int,
-        outs: list[int],
-        leaves: list[Any] | None,
-        t0: float,
-        err: RemoteError | None,
-        name: str,
-        sname: str,
-        donated: list[Any],
-    ) -> list[Any]:
-        """Wait for one launch; record its outputs as ready or failed; its acknowledgement."""
+    def _complete(self, item: _Done, computed: list[int]) -> list[Any]:
+        """Wait for one launch; record its outputs as failed or add them to ``computed``;
+        return its acknowledgement."""
+        lid, outs, leaves, t0, err, name, sname, donated = item
         if err is None:
             try:
                 _wait_outputs(leaves or [], self._donated)
@@ -499,9 +536,10 @@ class Executor:
                     self.store.fail(hd, err)
                 self._failures += 1
         if err is None:
-            self.store.mark_ready(outs)
+            computed.extend(outs)
         # This launch ran, so the arrays it donated are gone for good: stop tracking them.
-        self._donated.difference_update(id(a) for a in donated)
+        if donated:
+            self._donated.difference_update(id(a) for a in donated)
         t1 = time.time()
         start = max(t0, self._prev_end)
         self._prev_end = t1

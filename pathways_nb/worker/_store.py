@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pathways_nb._core import RemoteError, ResourceExhaustedError
@@ -49,6 +49,7 @@ class ObjectStore:
         self._bytes = 0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._cond_waiters = 0  # threads in wait(): only they need notify_all
 
     def reserve_check(self, nbytes: int, freeing: int = 0) -> None:
         """Raise ResourceExhaustedError if ``nbytes`` more would pass the limit."""
@@ -108,15 +109,53 @@ class ObjectStore:
             self._entries[handle] = entry
             self._bytes += entry.nbytes
             waiters = self._ready_waiters.pop(handle, []) if entry.ready else []
-            self._cond.notify_all()
+            if self._cond_waiters:
+                self._cond.notify_all()
         for w in waiters:
             w(entry)
 
     def wait(self, handle: int, timeout: float) -> Entry | None:
         """Block until the handle is present; None on timeout."""
         with self._cond:
-            ok = self._cond.wait_for(lambda: handle in self._entries, timeout)
+            self._cond_waiters += 1
+            try:
+                ok = self._cond.wait_for(lambda: handle in self._entries, timeout)
+            finally:
+                self._cond_waiters -= 1
             return self._entries[handle] if ok else None
+
+    def set_many(
+        self,
+        handles: Sequence[int],
+        values: Sequence[Any],
+        nbytes: Sequence[int],
+        origin: tuple[str, str],
+    ) -> None:
+        """Store a launch's outputs, not yet computed, under one lock."""
+        if len(handles) != len(values):
+            raise ValueError(f"{len(handles)} handles for {len(values)} outputs")
+        entries = self._entries
+        with self._lock:
+            for h, v, n in zip(handles, values, nbytes, strict=True):
+                old = entries.get(h)
+                if old is not None:
+                    self._bytes -= old.nbytes
+                entries[h] = Entry(v, None, n, origin, False)
+                self._bytes += n
+            if self._cond_waiters:
+                self._cond.notify_all()
+
+    def get_many(self, handles: Iterable[int]) -> list[Entry] | None:
+        """The entries of ``handles``, or None if one is absent."""
+        out = []
+        with self._lock:
+            get = self._entries.get
+            for h in handles:
+                e = get(h)
+                if e is None:
+                    return None
+                out.append(e)
+        return out
 
     def get(self, handle: int) -> Entry | None:
         with self._lock:

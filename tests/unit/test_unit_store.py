@@ -141,3 +141,27 @@ def test_wait_returns_the_entry_or_none_on_timeout() -> None:
     assert entry is not None and entry.error is not None
     store.drop([1])
     assert store.wait(1, timeout=0.0) is None
+
+
+def test_set_many_stores_a_launchs_outputs_not_yet_ready() -> None:
+    store = ObjectStore()
+    store.set_many([1, 2], ["a", "b"], [8, 4], ("prog", "slice0"))
+    assert store.bytes == 12
+    assert store.get(2) == Entry(value="b", nbytes=4, origin=("prog", "slice0"))
+    seen: list[Entry] = []
+    store.when_ready(1, seen.append)
+    assert seen == []  # computed only once the completion thread says so
+    store.mark_ready([1, 2])
+    assert [e.value for e in seen] == ["a"]
+    with pytest.raises(ValueError, match="2 handles for 1 outputs"):
+        store.set_many([3, 4], ["c"], [1], ("p", "s"))
+
+
+def test_get_many_returns_entries_in_order_or_none_if_one_is_absent() -> None:
+    store = ObjectStore()
+    store.set(1, "a", 8)
+    store.set(2, "b", 8)
+    entries = store.get_many([2, 1])
+    assert entries is not None and [e.value for e in entries] == ["b", "a"]
+    assert store.get_many([1, 3]) is None
+    assert store.get_many([]) == []
