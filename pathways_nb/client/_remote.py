@@ -29,6 +29,7 @@ class RemoteArray:
     __slots__ = (
         "__weakref__",
         "_client",
+        "_copies",
         "_deleted",
         "_lid",
         "_sig",
@@ -59,6 +60,8 @@ class RemoteArray:
         self.slice = slice
         self._lid = lid
         self._deleted = False
+        # Copies moved to other slices, by (slice id, PartitionSpec); made on first use.
+        self._copies: dict[Any, RemoteArray] | None = None
         # What pw.jit's program cache keys on; computed once.
         self._sig = (self.shape, dtype, sharding.spec)
 

@@ -24,7 +24,6 @@ from pathways_nb._core import (
     PathwaysError,
     RemoteError,
     VersionMismatchError,
-    decode_spec,
     encode_mesh,
     encode_spec,
     local_versions,
@@ -33,16 +32,16 @@ from pathways_nb._core import (
 from pathways_nb.client._direct import DirectChannels
 from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._io import IOThread
-from pathways_nb.client._jit import Program, RemoteFunction, _is_remote, jit
-from pathways_nb.client._remote import RemoteArray, index_key
+from pathways_nb.client._jit import RemoteFunction, _is_remote
+from pathways_nb.client._programs import ProgramCalls
+from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import Status, events_frame
 
 _LOCAL_LID = 0
-_MAX_OPS = 512
 
 
-class Client:
+class Client(ProgramCalls):
     """A session with a pathways controller.
 
     >>> with pw.LocalCluster(islands=2, devices_per_island=4) as cluster:
@@ -343,165 +342,6 @@ class Client:
         if not self._closed:
             self._errors.pop(handle, None)
             self._io.delete_soon(handle)
-
-    # programs -------------------------------------------------------------------------
-    def _call(self, f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self._check_open()
-        dyn, static = f._split(args, kwargs)
-        # RemoteArray is not a pytree node, so it is a leaf without an is_leaf callback.
-        leaves, treedef = jax.tree.flatten(dyn)
-        vs = self._choose_slice(f, leaves)
-        arrays: list[RemoteArray] = leaves
-        for leaf in leaves:
-            if type(leaf) is not RemoteArray:
-                in_specs = f._leaf_specs(treedef)
-                arrays = [
-                    x if isinstance(x, RemoteArray) else self._put(vs, x, s or PartitionSpec())
-                    for x, s in zip(leaves, in_specs, strict=True)
-                ]
-                break
-            if leaf._deleted:
-                leaf._check_usable()
-        donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donate_argnums else ()
-        key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
-        prog = f._programs.get(key)
-        if prog is None:
-            avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
-            prog = f._trace(vs, treedef, avals, static, donate)
-            self._register(prog, vs)
-            f._programs[key] = prog
-        return self._launch(prog, vs, arrays)
-
-    def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
-        if f.slice is None and leaves and type(leaves[0]) is RemoteArray:
-            # The common case: every argument a RemoteArray on one active slice.
-            vs = leaves[0].slice
-            if vs.state == "active" and all(
-                type(x) is RemoteArray and x.slice is vs for x in leaves
-            ):
-                return vs
-        on = {x.slice.id: x.slice for x in leaves if isinstance(x, RemoteArray)}
-        if len(on) > 1:
-            names = sorted(s.name for s in on.values())
-            raise ValueError(
-                f"{f.name}: arguments live on different slices {names}; a program runs on one "
-                "slice. Move them first or pin the function with pw.jit(..., slice=...)."
-            )
-        if f.slice is not None:
-            if on and f.slice.id not in on:
-                other = next(iter(on.values()))
-                raise ValueError(
-                    f"{f.name} is pinned to slice {f.slice.name!r} but its arguments live on "
-                    f"{other.name!r}"
-                )
-            vs = f.slice
-        elif on:
-            vs = next(iter(on.values()))
-        elif self.default_slice is not None:
-            vs = self.default_slice
-        else:
-            raise ValueError(
-                f"{f.name}: no slice to run on. Pass RemoteArrays, pin it with "
-                "pw.jit(..., slice=vs), or set a default with `with vs:`."
-            )
-        vs.check_active()
-        return vs
-
-    def _register(self, prog: Program, vs: VirtualSlice) -> None:
-        if prog.pid not in self._programs_sent:
-            self._io.send(
-                {
-                    "t": "program",
-                    "pid": prog.pid,
-                    "name": prog.name,
-                    "nin": prog.nin,
-                    "nout": len(prog.out_avals),
-                },
-                [prog.blob],
-            )
-            self._programs_sent.add(prog.pid)
-        if any(s is None for s in prog.out_specs):
-            # The compiler picks these layouts; ask the host once, as jax.jit's first call
-            # compiles before it returns.
-            h = self._ask({"t": "probe", "slice": vs.id, "pid": prog.pid}, timeout=None)
-            prog.out_specs = [
-                decode_spec(s) if s is not None else PartitionSpec() for s in h["out_specs"]
-            ]
-
-    def _launch(self, prog: Program, vs: VirtualSlice, arrays: list[RemoteArray]) -> Any:
-        self._backpressure()
-        lid = self._ids.next()
-        outs = [self._ids.next() for _ in prog.out_avals]
-        self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under the lock
-        self._io.send_batched(
-            {
-                "t": "launch",
-                "lid": lid,
-                "slice": vs.id,
-                "pid": prog.pid,
-                "ins": [a.handle for a in arrays],
-                "outs": outs,
-                "donate": list(prog.donate),
-            }
-        )
-        for i in prog.donate:
-            arrays[i]._deleted = True
-        if prog.out_shardings is None:
-            prog.out_shardings = [
-                NamedSharding(vs.abstract_mesh, spec or PartitionSpec()) for spec in prog.out_specs
-            ]
-        results = [
-            RemoteArray(self, h, aval.shape, aval.dtype, sharding, vs, lid)
-            for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
-        ]
-        if prog.single_output:
-            return results[0]
-        return jax.tree.unflatten(prog.out_tree, results)
-
-    def _backpressure(self) -> None:
-        if len(self._pending) < self.max_queued:
-            return
-        try:
-            with self._cond:
-                while len(self._pending) >= self.max_queued:
-                    self._check_open()
-                    self._cond.wait(0.1)
-        except KeyboardInterrupt:
-            self.cancel()
-            raise
-
-    def _op(self, key: str, fn: Any, *args: Any) -> Any:
-        """A small program on the first RemoteArray's slice (arithmetic, indexing)."""
-        x = next(a for a in args if isinstance(a, RemoteArray))
-        # Python scalars become constants of the program (one program per value), so
-        # `x * 0.5` in a loop sends no array; arrays travel as arguments.
-        consts = tuple(
-            (i, type(a).__name__, a)
-            for i, a in enumerate(args)
-            if isinstance(a, int | float | bool)
-        )
-        k = (key, x.slice.id, consts)
-        f = self._ops.get(k)
-        if f is not None:
-            self._ops.move_to_end(k)
-        else:
-            fixed = {i: a for i, _, a in consts}
-
-            def bound(*dyn: Any) -> Any:
-                it = iter(dyn)
-                full = [fixed[i] if i in fixed else next(it) for i in range(len(args))]
-                return fn(*full)
-
-            f = jit(bound, slice=x.slice, name=key)
-            self._ops[k] = f
-            if len(self._ops) > _MAX_OPS:
-                # `x * i` over many values of i must not keep every program forever.
-                self._ops.popitem(last=False)
-        return f(*(a for a in args if not isinstance(a, int | float | bool)))
-
-    def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
-        key = index_key(index)
-        return self._op(f"getitem[{key}]", lambda a: a[index], x)
 
     # notifications from the IO thread -------------------------------------------------
     def _on_push(self, h: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ class ClientRequests:
     _host_programs: dict[str, set[str]]
     _host_ident: dict[str, bytes]
     _launches: dict[int, Launch]
+    _transfers: dict[int, tuple[str, str, int]]
     _where: dict[int, str]
     _slice_handles: dict[str, set[int]]
     _probes: dict[int, tuple[bytes, int, str]]
@@ -161,17 +162,60 @@ class ClientRequests:
         self.events.add("launch", t.tenant, lid, prog.name, s.slice, s.island, s.host)
         self.scheduler.submit(Work("run", t.tenant, s.island, lid, cost_key=h["pid"], body=(s, h)))
 
+    def _c_transfer(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        """Move an array between slices: a send on the source island's queue, a receive
+        on the destination's; the bytes go host to host."""
+        dst = self.rm.active(h["slice"], t.tenant)
+        # Tracked first: if the move fails, consumers of the copy fail with its cause.
+        self._track(h["dst"], dst.slice)
+        src_sid = self._where.get(h["src"])
+        if src_sid is None:
+            raise ClosedError(f"array {h['src']:#x} is not a live array; it cannot be moved")
+        src = self.rm.active(src_sid, t.tenant)
+        dst_host = self.rm.hosts[dst.host]
+        lid = h["lid"]
+        self._launches[lid] = Launch(
+            t.tenant, "", "transfer", dst.slice, dst.island, dst.host, [h["dst"]], time.time()
+        )
+        self._transfers[lid] = (src.host, dst.host, h["dst"])
+        t.launches += 1
+        t.pending += 1
+        self.events.add(
+            "launch",
+            t.tenant,
+            lid,
+            "transfer",
+            dst.slice,
+            dst.island,
+            dst.host,
+            detail=f"{src.host}→{dst.host}",
+        )
+        send = {
+            "t": "send",
+            "lid": lid,
+            "src": h["src"],
+            "dst": h["dst"],
+            "address": dst_host.data_address,
+            "shape": h["shape"],
+            "spec": h["spec"],
+            "devices": dst.devices,
+            "mesh": [[k, v] for k, v in dst.mesh.items()],
+        }
+        recv = {"t": "recv", "dst": h["dst"], "source": src.host}
+        self.scheduler.submit(Work("send", t.tenant, src.island, 0, body=(src.host, send)))
+        self.scheduler.submit(Work("recv", t.tenant, dst.island, 0, body=(dst.host, recv)))
+
     def _fail_launch_now(self, t: Tenant, h: dict[str, Any], exc: Exception) -> None:
         lid = h.get("lid")
         prog = self._programs.get(str(h.get("pid")))
-        name = prog.name if prog is not None else str(h.get("pid", ""))
+        name = prog.name if prog is not None else str(h.get("pid", "transfer"))
         if isinstance(exc, RemoteError):
             err = exc
             err.program = err.program or name
         else:
             err = RemoteError(str(exc), kind="invalid", program=name, slice=str(h.get("slice", "")))
         self._send_client(t.identity, {"t": "done", "items": [[lid, err.to_dict()]]})
-        outs = [o for o in h.get("outs", []) if isinstance(o, int)]
+        outs = [o for o in h.get("outs", [h.get("dst")]) if isinstance(o, int)]
         s = self.rm.slices.get(str(h.get("slice")))
         if s is not None and outs:
             self._send_host(s.host, {"t": "fail_outputs", "handles": outs, "error": err.to_dict()})

@@ -22,7 +22,7 @@ from typing import Any
 class Work:
     """One unit the scheduler orders: a program launch or a batch of deletions."""
 
-    kind: str  # "run" | "drop"
+    kind: str  # "run" | "drop" | "send" | "recv" (only runs take a window slot)
     tenant: int
     island: str
     lid: int  # launch id; 0 for drops
@@ -113,6 +113,13 @@ class GangScheduler:
         self._wake(key)
         return work
 
+    def release(self, lid: int) -> None:
+        """A launch stays pending but gives back its window slot (its host parked it)."""
+        entry = self._inflight_lids.pop(lid, None)
+        if entry is not None:
+            self._inflight[entry[0]] -= 1
+            self._wake(entry[0])
+
     def _wake(self, key: str) -> None:
         for island in self._by_key.get(key, ()):
             q = self._islands.get(island)
@@ -126,8 +133,9 @@ class GangScheduler:
             dq = q.queues.pop(tenant, None)
             if dq:
                 dropped.extend(w for w in dq if w.kind == "run")
-                # Deletions still go out: the arrays exist on the host and must be freed.
-                keep = collections.deque(w for w in dq if w.kind == "drop")
+                # Deletions still go out (the arrays exist on the host and must be freed),
+                # and so do transfers: they finish on their own.
+                keep = collections.deque(w for w in dq if w.kind != "run")
                 if keep:
                     q.queues[tenant] = keep
                     self._ready.add(island)
@@ -169,10 +177,10 @@ class GangScheduler:
                     break
                 head = q.queues[tenant][0]
                 if head.kind == "run" and self._inflight[q.window_key] >= self.window:
-                    # The window is full. Deletions need no slot: send every tenant's
-                    # drops that stand at the head of its queue (order within a tenant
-                    # is kept, so a drop behind a blocked run waits with it).
-                    out.extend(self._heads_that_are_drops(q))
+                    # The window is full. Deletions and transfers need no slot: send
+                    # every tenant's that stand at the head of its queue (order within
+                    # a tenant is kept, so one behind a blocked run waits with it).
+                    out.extend(self._heads_needing_no_slot(q))
                     break
                 self._pop(q, tenant)
                 if head.kind == "run":
@@ -194,10 +202,10 @@ class GangScheduler:
         self._queued[tenant] -= 1
         return work
 
-    def _heads_that_are_drops(self, q: _IslandQueue) -> list[Work]:
+    def _heads_needing_no_slot(self, q: _IslandQueue) -> list[Work]:
         out = []
         for tenant in list(q.queues):
-            while tenant in q.queues and q.queues[tenant][0].kind == "drop":
+            while tenant in q.queues and q.queues[tenant][0].kind != "run":
                 out.append(self._pop(q, tenant))
         return out
 

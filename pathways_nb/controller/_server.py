@@ -49,6 +49,7 @@ _CLIENT_TYPES = frozenset(
         "release",
         "program",
         "launch",
+        "transfer",
         "put_note",
         "delete",
         "batch",
@@ -60,8 +61,8 @@ _CLIENT_TYPES = frozenset(
         "bye",
     }
 )
-_BATCHABLE = frozenset({"launch", "put_note", "delete", "heartbeat"})
-_HOST_TYPES = frozenset({"register", "acks", "host_reply", "heartbeat"})
+_BATCHABLE = frozenset({"launch", "transfer", "put_note", "delete", "heartbeat"})
+_HOST_TYPES = frozenset({"register", "acks", "parked", "host_reply", "heartbeat"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +112,8 @@ class Controller(ClientRequests):
         self._host_seen: dict[str, float] = {}  # host -> monotonic time of its last message
         self._host_versions: dict[str, Versions] = {}
         self._launches: dict[int, Launch] = {}
+        # Transfers in flight: lid -> (source host, destination host, destination handle).
+        self._transfers: dict[int, tuple[str, str, int]] = {}
         self._where: dict[int, str] = {}
         self._slice_handles: dict[str, set[int]] = {}
         self._probes: dict[int, tuple[bytes, int, str]] = {}  # rid -> client, its rid, host
@@ -281,6 +284,11 @@ class Controller(ClientRequests):
             return
         if kind == "acks":
             self._on_acks(host, h["items"])
+        elif kind == "parked":
+            # Launches waiting on the host for a transfer hold no window slot.
+            for lid in h["lids"]:
+                if isinstance(lid, int):
+                    self.scheduler.release(lid)
         elif kind == "host_reply":
             target = self._probes.pop(h["rid"], None)
             if target is not None:
@@ -325,11 +333,21 @@ class Controller(ClientRequests):
     def _on_acks(self, host: str, items: list[Any]) -> None:
         by_tenant: dict[int, list[Any]] = {}
         for item in items:
-            lid, t0, t1, err = item
+            lid, t0, t1, err = item[:4]
             rec = self._launches.pop(lid, None)
             if rec is None:
                 continue
-            self.scheduler.complete(lid, max(0.0, t1 - t0))
+            detail = err.get("kind", "") if err else ""
+            if rec.name == "transfer":
+                # A transfer's destination reports it: from the source's first byte to
+                # the array assembled here.
+                self._transfers.pop(lid, None)
+                info = item[4] if len(item) > 4 and isinstance(item[4], dict) else {}
+                detail = f"{info.get('source', '?')}→{host} {info.get('bytes', 0)} B" + (
+                    f" {detail}" if detail else ""
+                )
+            else:
+                self.scheduler.complete(lid, max(0.0, t1 - t0))
             self.events.add("start", rec.tenant, lid, rec.name, rec.slice, rec.island, host, at=t0)
             self.events.add(
                 "error" if err else "end",
@@ -339,7 +357,7 @@ class Controller(ClientRequests):
                 rec.slice,
                 rec.island,
                 host,
-                detail=err.get("kind", "") if err else "",
+                detail=detail,
                 at=t1,
             )
             t = self.tenants.by_id.get(rec.tenant)
@@ -380,6 +398,21 @@ class Controller(ClientRequests):
                 t = self.tenants.by_id.get(rec.tenant)
                 if t is not None:
                     t.pending -= 1
+        # Transfers from or to that host will not complete: the destination learns why.
+        for lid, (src, dst, handle) in list(self._transfers.items()):
+            if host not in (src, dst):
+                continue
+            del self._transfers[lid]
+            rec = self._launches.pop(lid, None)
+            if rec is None:
+                continue
+            d = err.to_dict() | {"program": "transfer", "slice": rec.slice}
+            by_tenant.setdefault(rec.tenant, []).append([lid, d])
+            t = self.tenants.by_id.get(rec.tenant)
+            if t is not None:
+                t.pending -= 1
+            if dst != host:
+                self._send_host(dst, {"t": "fail_outputs", "handles": [handle], "error": d})
         self._send_done(by_tenant)
         # A compile that host was doing for a client will never answer: say why now.
         for rid, (ident, crid, where) in list(self._probes.items()):
@@ -489,7 +522,7 @@ class Controller(ClientRequests):
                     else {"message": str(exc), "kind": type(exc).__name__}
                 )
                 self._send_client(t.identity, {"t": "reply", "rid": rid, "error": err})
-            elif kind == "launch":
+            elif kind in ("launch", "transfer"):
                 self._fail_launch_now(t, h, exc)
             else:
                 self._send_client(t.identity, error_header(f"{kind}: {exc}"))
@@ -513,6 +546,10 @@ class Controller(ClientRequests):
             if w.kind == "drop":
                 host, handles = w.body
                 batches.setdefault(host, []).append(pack({"t": "drop", "handles": handles}))
+                continue
+            if w.kind in ("send", "recv"):
+                host, header = w.body
+                batches.setdefault(host, []).append(pack(header))
                 continue
             s, h = w.body
             w.body = None

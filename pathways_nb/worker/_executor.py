@@ -26,11 +26,13 @@ from jax.sharding import Mesh, NamedSharding
 
 from pathways_nb._core import RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
 
 _STOP = object()
+_RESUME = object()
 # Launches expected to finish within this many seconds together share one wait.
 _BATCH_WAIT = 2e-3
 # How long a finished launch's acknowledgement may wait for company: bounds how stale
@@ -103,6 +105,12 @@ class Executor:
         self._window = window
         self._ack_low_water = max(1, window // 2)
         self._runs_received = 0
+        # Launches handed to XLA and not yet seen complete. The controller's window bounds
+        # this, except for launches it no longer counts because they were parked here:
+        # when those resume, the dispatch thread keeps XLA's queue within the window.
+        self._in_xla = 0
+        self._room = threading.Condition()
+        self._reported_parked: set[int] = set()
         # Measured seconds per program name (moving average): which launches are short.
         self._duration: dict[str, float] = {}
         self._runs_completed = 0
@@ -130,6 +138,16 @@ class Executor:
         # JAX marks the array deleted, so the completion thread must not read an error
         # from waiting on it as a failure of the launch that made it.
         self._donated: set[int] = set()
+        # Work waiting for inputs (see _parking); _retry is set when one may have arrived.
+        self._lot = ParkingLot()
+        self._retry = False
+        store.on_arrival = self._wake_parked
+        # Source arrays a send still reads: a launch may not donate them meanwhile.
+        self._sending: collections.Counter[int] = collections.Counter()
+        # dst handle -> source host, for transfers this host expects.
+        self._expected: dict[int, str] = {}
+        # Called with (entry, send body) to ship an array to another host.
+        self.send_array: Callable[[Entry, dict[str, Any]], None] | None = None
 
     # lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -168,7 +186,7 @@ class Executor:
             ready = self._runnable_now(body)
             if ready is not None:
                 with self._cv:
-                    inline = not self._pending and not self._busy
+                    inline = not self._pending and not self._busy and not self._lot
                     if inline:
                         self._busy = True
                 if inline:
@@ -185,7 +203,10 @@ class Executor:
             self._cv.notify()
 
     def cancel_runs(self, tenant: int, message: str) -> int:
-        """Drop the tenant's launches that wait in this host's queue; they fail as cancelled."""
+        """Drop the tenant's launches that wait in this host's queue; they fail as cancelled.
+
+        Launches parked for their inputs are taken out by the dispatch thread, first thing.
+        """
         with self._cv:
             keep: collections.deque[Any] = collections.deque()
             cancelled = []
@@ -198,16 +219,29 @@ class Executor:
                     cancelled.append(item[1])
                 else:
                     keep.append(item)
+            keep.appendleft(("cancel_parked", (tenant, message)))
             self._pending = keep
+            self._cv.notify()
         for h in cancelled:
-            prog = self._programs.get(h["pid"])
-            name = prog.name if prog is not None else h["pid"]
-            sname = h.get("name", h["slice"])
-            err = RemoteError(message, kind="cancelled", program=name, slice=sname, host=self.host)
-            for hd in h["outs"]:
-                self.store.fail(hd, err)
-            self._done.put(_Done(h["lid"], h["outs"], None, time.time(), err, name, sname, []))
+            self._fail_run(h, message, "cancelled")
         return len(cancelled)
+
+    def _do_cancel_parked(self, body: tuple[int, str]) -> None:
+        tenant, message = body
+        for p in self._lot.remove(
+            lambda p: p.kind == "run" and handle_owner(int(p.body["lid"])) == tenant
+        ):
+            self._fail_run(p.body, message, "cancelled")
+        self._retry = True  # what they held back may go now
+
+    def _fail_run(self, h: dict[str, Any], message: str, kind: str) -> None:
+        prog = self._programs.get(h["pid"])
+        name = prog.name if prog is not None else h["pid"]
+        sname = h.get("name", h["slice"])
+        err = RemoteError(message, kind=kind, program=name, slice=sname, host=self.host)
+        for hd in h["outs"]:
+            self.store.fail(hd, err)
+        self._done.put(_Done(h["lid"], h["outs"], None, time.time(), err, name, sname, []))
 
     def _runnable_now(self, h: dict[str, Any]) -> tuple[_Plan, list[Entry]] | None:
         """The launch's plan and input entries if it can run at once, else None."""
@@ -281,21 +315,125 @@ class Executor:
     def _dispatch_loop(self) -> None:
         while True:
             with self._cv:
-                while not self._pending or self._busy:
-                    self._cv.wait()
-                item = self._pending.popleft()
+                while self._busy or not (self._pending or self._retry or self._lot_expired()):
+                    self._cv.wait(self._lot.seconds_to_deadline())
                 self._busy = True
+                if self._retry or self._lot_expired():
+                    self._retry = False
+                    item: Any = _RESUME
+                else:
+                    item = self._pending.popleft()
             try:
                 if item is _STOP:
                     self._done.put(_STOP)
                     return
-                kind, body = item
-                getattr(self, f"_do_{kind}")(body)
+                if item is _RESUME:
+                    for p in self._lot.take_all():
+                        self._handle(p.kind, p.body, p.deadline)
+                else:
+                    self._handle(*item)
             except Exception:
                 log.exception("host %s failed a work item", self.host)
             finally:
                 with self._cv:
                     self._busy = False
+
+    def _lot_expired(self) -> bool:
+        d = self._lot.earliest_deadline()
+        return d is not None and time.monotonic() >= d
+
+    def _wake_parked(self) -> None:
+        """An input parked work waits for arrived (called by whichever thread stored it)."""
+        with self._cv:
+            self._retry = True
+            self._cv.notify()
+
+    def _handle(self, kind: str, body: Any, deadline: float | None = None) -> None:
+        """Do one work item now, or park it until what it needs is here."""
+        if kind == "run":
+            touched = (*body["ins"], *body["outs"])
+            ins = body["ins"]
+            busy = bool(self._sending) and any(
+                body["ins"][i] in self._sending for i in body["donate"]
+            )
+        elif kind == "send":
+            touched, ins, busy = (body["src"],), (body["src"],), False
+        elif kind == "drop":
+            touched, ins, busy = tuple(body), (), False
+        else:
+            getattr(self, f"_do_{kind}")(body)
+            return
+        if deadline is None:
+            deadline = time.monotonic() + self._put_wait
+        if busy or self._lot.conflicts(touched):
+            self._park(kind, body, touched, deadline)
+            return
+        missing = self.store.watch_absent(ins) if ins else []
+        if missing:
+            if time.monotonic() < deadline:
+                self._park(kind, body, touched, deadline)
+                return
+            self.store.unwatch(missing)
+            self._lost_inputs(kind, body, missing)
+            return
+        if kind == "run":
+            self._reported_parked.discard(body["lid"])
+            with self._room:
+                while self._in_xla >= self._window:
+                    self._room.wait(0.1)
+        getattr(self, f"_do_{kind}")(body)
+
+    def _park(self, kind: str, body: Any, touched: tuple[int, ...], deadline: float) -> None:
+        self._lot.park(kind, body, touched, deadline)
+        if kind == "run" and body["lid"] not in self._reported_parked:
+            # A parked launch holds no XLA resources: give its window slot back, so the
+            # work it waits for (perhaps behind it in this window) can run.
+            self._reported_parked.add(body["lid"])
+            self._send({"t": "parked", "lids": [body["lid"]]})
+
+    def _lost_inputs(self, kind: str, body: Any, missing: list[int]) -> None:
+        where = [
+            f"{h:#x}"
+            + (f" (a transfer from host {self._expected[h]})" if h in self._expected else "")
+            for h in missing
+        ]
+        message = (
+            f"input {', '.join(where)} never arrived on host {self.host} within "
+            f"{self._put_wait:.0f} s"
+        )
+        if kind == "run":
+            self._fail_run(body, message, "data_loss")
+        elif self.send_array is not None:
+            err = RemoteError(message, kind="data_loss", program="transfer", host=self.host)
+            self.send_array(Entry(error=err, ready=True), body)
+
+    def _do_recv(self, body: dict[str, Any]) -> None:
+        if self.store.get(body["dst"]) is None:
+            self._expected[body["dst"]] = body["source"]
+
+    def arrived(self, handle: int) -> None:
+        """A transfer into ``handle`` completed (called by the host's socket thread)."""
+        self._expected.pop(handle, None)
+
+    def _do_send(self, body: dict[str, Any]) -> None:
+        entry = self.store.get(body["src"])
+        if entry is None or self.send_array is None:
+            return
+        src = body["src"]
+        self._sending[src] += 1
+        self.send_array(entry, body)
+
+    def sent(self, src: int) -> None:
+        """A send finished reading its source (called by the sending thread)."""
+        with self._cv:
+            if src not in self._sending:
+                return
+            self._sending[src] -= 1
+            if self._sending[src] <= 0:
+                del self._sending[src]
+                if self._lot:
+                    self._retry = True
+                    self._cv.notify()
 
     def _do_program(self, body: Any) -> None:
         self.add_program(*body)
@@ -359,6 +497,8 @@ class Executor:
             sname = h.get("name", h["slice"])
             self.store.set_many(outs, leaves, prog.out_nbytes, (prog.name, sname))
             self._launches += 1
+            with self._room:
+                self._in_xla += 1
             self._done.put(_Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated))
         except Exception as exc:
             sname = h.get("name", h["slice"])
@@ -395,13 +535,9 @@ class Executor:
                 raise RemoteError("injected fault", kind="fault_injected")
             args = []
             for hd in h["ins"]:
-                entry = self.store.get(hd) or self.store.wait(hd, self._put_wait)
-                if entry is None:
-                    raise RemoteError(
-                        f"input {hd:#x} never arrived on host {self.host} within "
-                        f"{self._put_wait:.0f} s",
-                        kind="data_loss",
-                    )
+                entry = self.store.get(hd)
+                if entry is None:  # dropped meanwhile: the client deleted it
+                    raise RemoteError(f"input {hd:#x} was deleted", kind="invalid")
                 if entry.error is not None:
                     raise entry.error
                 args.append(entry.value)
@@ -429,6 +565,8 @@ class Executor:
             leaves = results if isinstance(results, list) else jax.tree.leaves(results)
             self.store.set_many(outs, leaves, prog.out_nbytes, (name, sname))
             self._launches += 1
+            with self._room:
+                self._in_xla += 1
             self._done.put(_Done(lid, outs, leaves, t0, None, name, sname, donated))
         except Exception as exc:
             err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
@@ -527,6 +665,10 @@ class Executor:
         """Wait for one launch; record its outputs as failed or add them to ``computed``;
         return its acknowledgement."""
         lid, outs, leaves, t0, err, name, sname, donated = item
+        if leaves is not None:
+            with self._room:
+                self._in_xla -= 1
+                self._room.notify()
         if err is None:
             try:
                 _wait_outputs(leaves or [], self._donated)

@@ -47,6 +47,7 @@ from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
+from pathways_nb.worker._transfer import Assembler, Sender
 
 log = logging.getLogger("pathways_nb.worker")
 
@@ -65,8 +66,8 @@ _CONTROLLER_TYPES = frozenset(
         "batch",
     }
 )
-_BATCHED_TYPES = frozenset({"run", "drop"})
-_DATA_TYPES = frozenset({"hello", "put", "fetch", "wait"})
+_BATCHED_TYPES = frozenset({"run", "drop", "send", "recv"})
+_DATA_TYPES = frozenset({"hello", "put", "fetch", "wait", "xfer"})
 _TO_CONTROLLER = b"c"
 _INLINE_BYTES = 1 << 20
 _HEARTBEAT = 1.0  # seconds between heartbeats to the controller
@@ -106,6 +107,11 @@ class Host:
             self.config.put_wait_seconds,
             window=self.config.inflight_window,
         )
+        self._sender = Sender(self._ctx, name, self.executor.sent)
+        self.executor.send_array = self._sender.submit
+        self._assembler = Assembler(
+            {int(d.id): d for d in self.devices}, self.executor._mesh, self._arrived
+        )
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._versions = local_versions()
         self._thread: threading.Thread | None = None
@@ -132,6 +138,7 @@ class Host:
         )
         self._ctl = connect(self._ctx, zmq.DEALER, self._controller_address)
         self.executor.start()
+        self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)
         self._thread.start()
         self._to_controller(
@@ -165,6 +172,7 @@ class Host:
         self._outbox.send(b"wake", None)
         self._thread.join()
         self.executor.stop()
+        self._sender.stop()
         self.store.fail_waiters(
             lambda h: RemoteError(f"host {self.name} shut down", kind="data_loss", host=self.name)
         )
@@ -252,10 +260,10 @@ class Host:
                 except ProtocolError as exc:
                     log.warning("host %s dropped a bad batched message: %s", self.name, exc)
                     continue
-                if sk == "run":
-                    self.executor.submit("run", sub)
-                else:
+                if sk == "drop":
                     self.executor.submit("drop", sub["handles"])
+                else:
+                    self.executor.submit(sk, sub)
         elif kind == "welcome":
             self._registered.set()
         elif kind == "refuse":
@@ -300,6 +308,13 @@ class Host:
             return
         if kind == "put":
             self._put(identity, h, msg.buffers)
+        elif kind == "xfer":
+            try:
+                self._assembler.piece(h, msg.buffers)
+            except Exception as exc:
+                self._assembler.forget(h["handle"])
+                err = to_remote(exc, "invalid", program="transfer", slice="", host=self.name)
+                self._arrived(h, None, err, 0)
         elif kind in ("fetch", "wait"):
             rid, handle = h["rid"], h["handle"]
 
@@ -313,6 +328,18 @@ class Host:
                     self._pool.submit(self._answer, identity, rid, kind, entry)
 
             self.store.when_ready(handle, answer)
+
+    def _arrived(self, h: dict[str, Any], value: Any, err: RemoteError | None, nbytes: int) -> None:
+        """A transfer into this host finished: store it, tell the controller."""
+        handle = h["handle"]
+        if err is None:
+            self.store.set(handle, value, nbytes, ("transfer", h["source"]), ready=True)
+        else:
+            self.store.fail(handle, err)
+        self.executor.arrived(handle)
+        info = {"bytes": nbytes, "source": h["source"]}
+        item = [h["lid"], h["t0"], time.time(), err.to_dict() if err else None, info]
+        self._to_controller({"t": "acks", "items": [item]})
 
     def _hello(self, identity: bytes, h: dict[str, Any]) -> None:
         try:

@@ -50,6 +50,9 @@ class ObjectStore:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._cond_waiters = 0  # threads in wait(): only they need notify_all
+        # Absent handles parked work waits for; on_arrival() runs when one is stored.
+        self._watched: set[int] = set()
+        self.on_arrival: Callable[[], None] | None = None
 
     def reserve_check(self, nbytes: int, freeing: int = 0) -> None:
         """Raise ResourceExhaustedError if ``nbytes`` more would pass the limit."""
@@ -111,8 +114,13 @@ class ObjectStore:
             waiters = self._ready_waiters.pop(handle, []) if entry.ready else []
             if self._cond_waiters:
                 self._cond.notify_all()
+            arrived = handle in self._watched
+            if arrived:
+                self._watched.discard(handle)
         for w in waiters:
             w(entry)
+        if arrived and self.on_arrival is not None:
+            self.on_arrival()
 
     def wait(self, handle: int, timeout: float) -> Entry | None:
         """Block until the handle is present; None on timeout."""
@@ -144,6 +152,11 @@ class ObjectStore:
                 self._bytes += n
             if self._cond_waiters:
                 self._cond.notify_all()
+            arrived = bool(self._watched) and not self._watched.isdisjoint(handles)
+            if arrived:
+                self._watched.difference_update(handles)
+        if arrived and self.on_arrival is not None:
+            self.on_arrival()
 
     def get_many(self, handles: Iterable[int]) -> list[Entry] | None:
         """The entries of ``handles``, or None if one is absent."""
@@ -156,6 +169,17 @@ class ObjectStore:
                     return None
                 out.append(e)
         return out
+
+    def watch_absent(self, handles: Iterable[int]) -> list[int]:
+        """Those of ``handles`` not stored yet, watched so ``on_arrival`` runs when one is."""
+        with self._lock:
+            missing = [h for h in handles if h not in self._entries]
+            self._watched.update(missing)
+        return missing
+
+    def unwatch(self, handles: Iterable[int]) -> None:
+        with self._lock:
+            self._watched.difference_update(handles)
 
     def get(self, handle: int) -> Entry | None:
         with self._lock:

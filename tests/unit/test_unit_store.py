@@ -165,3 +165,23 @@ def test_get_many_returns_entries_in_order_or_none_if_one_is_absent() -> None:
     assert entries is not None and [e.value for e in entries] == ["b", "a"]
     assert store.get_many([1, 3]) is None
     assert store.get_many([]) == []
+
+
+def test_watched_absent_handles_call_on_arrival_once_when_stored() -> None:
+    store = ObjectStore()
+    calls: list[int] = []
+    store.on_arrival = lambda: calls.append(1)
+    store.set(1, "a", 8)
+    assert store.watch_absent([1, 2, 3]) == [2, 3]
+    store.set(4, "d", 8)
+    assert calls == []  # not watched
+    store.set_many([2], ["b"], [8], ("p", "s"))
+    assert calls == [1]
+    store.fail(3, RemoteError("gone", kind="data_loss"))
+    assert calls == [1, 1]
+    store.set(3, "c", 8)
+    assert calls == [1, 1]  # no longer watched
+    store.watch_absent([5])
+    store.unwatch([5])
+    store.set(5, "e", 8)
+    assert calls == [1, 1]

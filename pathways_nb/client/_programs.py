@@ -1,0 +1,254 @@
+"""How a call of a ``pw.jit`` function becomes launches: choosing the slice, moving
+arguments that live on other slices, registering programs, back-pressure."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING, Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from pathways_nb._core import decode_spec, encode_spec
+from pathways_nb.client._io import IOThread
+from pathways_nb.client._jit import Program, RemoteFunction, jit
+from pathways_nb.client._remote import RemoteArray, index_key
+from pathways_nb.client._slice import VirtualSlice
+
+if TYPE_CHECKING:
+    from pathways_nb._core import HandleAllocator
+    from pathways_nb.client._session import Client
+
+_MAX_OPS = 512
+
+
+class ProgramCalls:
+    """The part of :class:`Client` that turns calls into launches."""
+
+    _ids: HandleAllocator
+    _io: IOThread
+    _cond: threading.Condition
+    _pending: dict[int, list[int]]
+    _programs_sent: set[str]
+    _ops: collections.OrderedDict[Any, RemoteFunction]
+    default_slice: VirtualSlice | None
+    max_queued: int
+
+    if TYPE_CHECKING:  # provided by Client
+
+        def _check_open(self) -> None: ...
+
+        def _ask(self, header: dict[str, Any], timeout: float | None = 60.0) -> dict[str, Any]: ...
+
+        def _put(self, vs: VirtualSlice, value: Any, spec: PartitionSpec | None) -> RemoteArray: ...
+
+        def cancel(self) -> int: ...
+
+    def _call(self, f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._check_open()
+        dyn, static = f._split(args, kwargs)
+        # RemoteArray is not a pytree node, so it is a leaf without an is_leaf callback.
+        leaves, treedef = jax.tree.flatten(dyn)
+        vs = self._choose_slice(f, leaves)
+        arrays: list[RemoteArray] = leaves
+        for leaf in leaves:
+            if type(leaf) is not RemoteArray or leaf.slice is not vs:
+                in_specs = f._leaf_specs(treedef)
+                arrays = [self._onto(vs, x, s) for x, s in zip(leaves, in_specs, strict=True)]
+                break
+            if leaf._deleted:
+                leaf._check_usable()
+        donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donate_argnums else ()
+        key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
+        prog = f._programs.get(key)
+        if prog is None:
+            avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
+            prog = f._trace(vs, treedef, avals, static, donate)
+            self._register(prog, vs)
+            f._programs[key] = prog
+        return self._launch(prog, vs, arrays)
+
+    def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
+        if f.slice is None and leaves and type(leaves[0]) is RemoteArray:
+            # The common case: every argument a RemoteArray on one active slice.
+            vs = leaves[0].slice
+            if vs.state == "active" and all(
+                type(x) is RemoteArray and x.slice is vs for x in leaves
+            ):
+                return vs
+        on = {x.slice.id: x.slice for x in leaves if isinstance(x, RemoteArray)}
+        if f.slice is not None:
+            # A pinned function is the MPMD path: arguments on other slices move to it.
+            vs = f.slice
+        elif len(on) > 1:
+            names = sorted(s.name for s in on.values())
+            raise ValueError(
+                f"{f.name}: arguments live on different slices {names}; a program runs on one "
+                "slice. Pin the function with pw.jit(..., slice=...) to move them there."
+            )
+        elif on:
+            vs = next(iter(on.values()))
+        elif self.default_slice is not None:
+            vs = self.default_slice
+        else:
+            raise ValueError(
+                f"{f.name}: no slice to run on. Pass RemoteArrays, pin it with "
+                "pw.jit(..., slice=vs), or set a default with `with vs:`."
+            )
+        vs.check_active()
+        return vs
+
+    def _onto(self, vs: VirtualSlice, x: Any, spec: PartitionSpec | None) -> RemoteArray:
+        """``x`` as a RemoteArray on ``vs``: put if it is local, moved if it lives elsewhere."""
+        if not isinstance(x, RemoteArray):
+            return self._put(vs, x, spec or PartitionSpec())
+        x._check_usable()
+        if x.slice is vs:
+            return x
+        return self._move(x, vs, spec)
+
+    def _move(self, x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> RemoteArray:
+        """A copy of ``x`` on slice ``vs``, sent host to host; it is made once per
+        (slice, sharding) and lives as long as ``x``.
+
+        Without a sharding from the consumer, the copy keeps ``x``'s PartitionSpec where
+        the destination mesh has those axes and is replicated otherwise.
+        """
+        vs.check_active()
+        if spec is None:
+            spec = x.spec
+            try:
+                vs.check_spec(spec, x.shape)
+            except ValueError:
+                spec = PartitionSpec()
+        else:
+            vs.check_spec(spec, x.shape)
+        key = (vs.id, spec)
+        copies = x._copies
+        if copies is not None:
+            done = copies.get(key)
+            if done is not None and not done._deleted:
+                return done
+        self._backpressure()
+        lid = self._ids.next()
+        dst = self._ids.next()
+        self._pending[lid] = [dst]
+        self._io.send_batched(
+            {
+                "t": "transfer",
+                "lid": lid,
+                "src": x.handle,
+                "dst": dst,
+                "slice": vs.id,
+                "shape": list(x.shape),
+                "dtype": str(x.dtype),
+                "spec": encode_spec(spec),
+            }
+        )
+        out = RemoteArray(
+            self._as_client(), dst, x.shape, x.dtype, NamedSharding(vs.abstract_mesh, spec), vs, lid
+        )
+        if copies is None:
+            copies = x._copies = {}
+        copies[key] = out
+        return out
+
+    def _register(self, prog: Program, vs: VirtualSlice) -> None:
+        if prog.pid not in self._programs_sent:
+            self._io.send(
+                {
+                    "t": "program",
+                    "pid": prog.pid,
+                    "name": prog.name,
+                    "nin": prog.nin,
+                    "nout": len(prog.out_avals),
+                },
+                [prog.blob],
+            )
+            self._programs_sent.add(prog.pid)
+        if any(s is None for s in prog.out_specs):
+            # The compiler picks these layouts; ask the host once, as jax.jit's first call
+            # compiles before it returns.
+            h = self._ask({"t": "probe", "slice": vs.id, "pid": prog.pid}, timeout=None)
+            prog.out_specs = [
+                decode_spec(s) if s is not None else PartitionSpec() for s in h["out_specs"]
+            ]
+
+    def _launch(self, prog: Program, vs: VirtualSlice, arrays: list[RemoteArray]) -> Any:
+        self._backpressure()
+        lid = self._ids.next()
+        outs = [self._ids.next() for _ in prog.out_avals]
+        self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under the lock
+        self._io.send_batched(
+            {
+                "t": "launch",
+                "lid": lid,
+                "slice": vs.id,
+                "pid": prog.pid,
+                "ins": [a.handle for a in arrays],
+                "outs": outs,
+                "donate": list(prog.donate),
+            }
+        )
+        for i in prog.donate:
+            arrays[i]._deleted = True
+        if prog.out_shardings is None:
+            prog.out_shardings = [
+                NamedSharding(vs.abstract_mesh, spec or PartitionSpec()) for spec in prog.out_specs
+            ]
+        results = [
+            RemoteArray(self._as_client(), h, aval.shape, aval.dtype, sharding, vs, lid)
+            for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
+        ]
+        if prog.single_output:
+            return results[0]
+        return jax.tree.unflatten(prog.out_tree, results)
+
+    def _as_client(self) -> Client:
+        return self  # type: ignore[return-value]
+
+    def _backpressure(self) -> None:
+        if len(self._pending) < self.max_queued:
+            return
+        try:
+            with self._cond:
+                while len(self._pending) >= self.max_queued:
+                    self._check_open()
+                    self._cond.wait(0.1)
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+
+    def _op(self, key: str, fn: Any, *args: Any) -> Any:
+        """A small program on the first RemoteArray's slice (arithmetic, indexing)."""
+        x = next(a for a in args if isinstance(a, RemoteArray))
+        # Python scalars become constants of the program (one program per value), so
+        # `x * 0.5` in a loop sends no array; arrays travel as arguments.
+        consts = tuple(
+            (i, type(a).__name__, a)
+            for i, a in enumerate(args)
+            if isinstance(a, int | float | bool)
+        )
+        k = (key, x.slice.id, consts)
+        f = self._ops.get(k)
+        if f is not None:
+            self._ops.move_to_end(k)
+        else:
+            fixed = {i: a for i, _, a in consts}
+
+            def bound(*dyn: Any) -> Any:
+                it = iter(dyn)
+                full = [fixed[i] if i in fixed else next(it) for i in range(len(args))]
+                return fn(*full)
+
+            f = jit(bound, slice=x.slice, name=key)
+            self._ops[k] = f
+            if len(self._ops) > _MAX_OPS:
+                # `x * i` over many values of i must not keep every program forever.
+                self._ops.popitem(last=False)
+        return f(*(a for a in args if not isinstance(a, int | float | bool)))
+
+    def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
+        key = index_key(index)
+        return self._op(f"getitem[{key}]", lambda a: a[index], x)

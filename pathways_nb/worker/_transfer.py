@@ -1,0 +1,347 @@
+"""Host-to-host transfers: the source sends each destination shard's region, cut from its
+own shards by index overlap; the destination assembles the array on its devices.
+
+No byte passes through the controller or the client. A piece is one data-plane message
+(``xfer``) that describes itself fully (shape, dtype, destination sharding, which
+destination devices take it), so pieces may arrive before or after the ``recv`` the
+destination's gang scheduler orders.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import zmq
+
+from pathways_nb._core import RemoteError, decode_spec, local_versions
+from pathways_nb.wire import connect, decode, encode, receive
+from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._store import Entry
+
+log = logging.getLogger("pathways_nb.worker")
+
+Index = tuple[tuple[int, int], ...]  # (start, stop) per dimension
+
+_STOP = object()
+
+
+# index arithmetic (pure) --------------------------------------------------------------
+def shard_indices(
+    shape: Sequence[int], spec: Sequence[Any], mesh: Sequence[Sequence[Any]]
+) -> list[Index]:
+    """The region of an array of ``shape`` each device of a mesh holds, in mesh order.
+
+    ``spec`` is an encoded PartitionSpec (``[None, "x", ["a", "b"]]``); ``mesh`` is
+    ``[[axis, size], ...]``. Devices are numbered row-major over the mesh axes, as
+    ``jax.sharding.Mesh`` lays out a reshaped device list.
+    """
+    sizes = {str(a): int(n) for a, n in mesh}
+    names = [str(a) for a, _ in mesh]
+    if len(spec) > len(shape):
+        raise ValueError(f"spec {spec} has more entries than the array has dimensions {shape}")
+    dims: list[list[str]] = []
+    for d, entry in enumerate(spec):
+        axes = [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+        for a in axes:
+            if a not in sizes:
+                raise ValueError(f"spec {spec} names axis {a!r}; the mesh has {names}")
+        parts = math.prod(sizes[a] for a in axes)
+        if shape[d] % parts:
+            raise ValueError(
+                f"dimension {d} of shape {tuple(shape)} does not split evenly into {parts} "
+                f"shards for spec {spec}"
+            )
+        dims.append(axes)
+    dims += [[] for _ in range(len(shape) - len(spec))]
+    out = []
+    for flat in range(math.prod(sizes[a] for a in names)):
+        coord: dict[str, int] = {}
+        rest = flat
+        for a in reversed(names):
+            coord[a] = rest % sizes[a]
+            rest //= sizes[a]
+        index = []
+        for d, axes in enumerate(dims):
+            chunk = shape[d]
+            pos = 0
+            for a in axes:  # the first axis of a tuple is the major one
+                chunk //= sizes[a]
+                pos = pos * sizes[a] + coord[a]
+            index.append((pos * chunk, (pos + 1) * chunk))
+        out.append(tuple(index))
+    return out
+
+
+def normalize(index: Sequence[slice], shape: Sequence[int]) -> Index:
+    """A JAX shard's ``index`` (a tuple of slices) as ``(start, stop)`` pairs."""
+    out = []
+    for d, n in enumerate(shape):
+        s = index[d] if d < len(index) else slice(None)
+        start, stop, _ = s.indices(n)
+        out.append((start, stop))
+    return tuple(out)
+
+
+def overlap(a: Index, b: Index) -> Index | None:
+    """The intersection of two regions, or None when they do not meet."""
+    out = []
+    for (a0, a1), (b0, b1) in zip(a, b, strict=True):
+        lo, hi = max(a0, b0), min(a1, b1)
+        if lo >= hi and not (a0 == a1 == b0 == b1):
+            return None
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def _local(region: Index, origin: Index) -> tuple[slice, ...]:
+    return tuple(slice(r0 - o0, r1 - o0) for (r0, r1), (o0, _) in zip(region, origin, strict=True))
+
+
+def cut(
+    region: Index, shards: Sequence[tuple[Index, np.ndarray]], dtype: np.dtype[Any]
+) -> np.ndarray:
+    """The ``region`` of an array assembled from the shards that overlap it.
+
+    A shard that is exactly the region is returned as it is (no copy).
+    """
+    for index, data in shards:
+        if index == region:
+            return data
+    out = np.empty(tuple(r1 - r0 for r0, r1 in region), dtype=dtype)
+    covered = 0
+    for index, data in shards:
+        ov = overlap(index, region)
+        if ov is None:
+            continue
+        out[_local(ov, region)] = data[_local(ov, index)]
+        covered += math.prod(r1 - r0 for r0, r1 in ov)
+    if covered < out.size:
+        raise RemoteError(
+            f"the source shards cover {covered} of the {out.size} elements of region {region}",
+            kind="invalid",
+        )
+    return out
+
+
+def pieces_for(
+    shape: Sequence[int],
+    spec: Sequence[Any],
+    mesh: Sequence[Sequence[Any]],
+    devices: Sequence[int],
+) -> list[tuple[Index, list[int]]]:
+    """Distinct destination regions and the destination devices that hold each."""
+    regions: dict[Index, list[int]] = {}
+    for dev, region in zip(devices, shard_indices(shape, spec, mesh), strict=True):
+        regions.setdefault(region, []).append(int(dev))
+    return list(regions.items())
+
+
+# source side ---------------------------------------------------------------------------
+class Sender:
+    """A thread that waits for source arrays and sends their pieces to other hosts.
+
+    It owns one DEALER per destination host's data plane and says hello on each first.
+    ``on_read(src)`` says a send no longer needs its source array (it may be donated).
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], host: str, on_read: Callable[[int], None]) -> None:
+        self._ctx = ctx
+        self.host = host
+        self._on_read = on_read
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._socks: dict[str, zmq.Socket[Any]] = {}
+        self._thread: threading.Thread | None = None
+        self.bytes_sent = 0
+        self.transfers = 0
+
+    def start(self) -> Sender:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"pw-send-{self.host}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._thread = None
+
+    def submit(self, entry: Entry, body: dict[str, Any]) -> None:
+        self._queue.put((entry, body))
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=1.0)
+                except queue.Empty:
+                    self._drain_replies()
+                    continue
+                if item is _STOP:
+                    return
+                entry, body = item
+                try:
+                    self._send(entry, body)
+                except Exception:
+                    log.exception("host %s failed a transfer", self.host)
+                finally:
+                    self._on_read(int(body["src"]))
+                self._drain_replies()
+        finally:
+            for s in self._socks.values():
+                s.close(0)
+            self._socks.clear()
+
+    def _sock(self, address: str) -> zmq.Socket[Any]:
+        s = self._socks.get(address)
+        if s is None:
+            s = connect(self._ctx, zmq.DEALER, address)
+            hello = {"t": "hello", "role": "host", "rid": 0, "versions": local_versions().to_dict()}
+            s.send_multipart(encode(hello))
+            self._socks[address] = s
+        return s
+
+    def _drain_replies(self) -> None:
+        for address, s in self._socks.items():
+            for frames in receive(s):
+                try:
+                    h = decode(frames).header
+                except Exception:
+                    continue
+                if h.get("t") in ("error", "refuse", "failed"):
+                    log.warning("host %s: transfer peer %s says %s", self.host, address, h)
+
+    def _send(self, entry: Entry, body: dict[str, Any]) -> None:
+        t0 = time.time()
+        base = {
+            "t": "xfer",
+            "handle": body["dst"],
+            "lid": body["lid"],
+            "shape": body["shape"],
+            "spec": body["spec"],
+            "devices": body["devices"],
+            "mesh": body["mesh"],
+            "source": self.host,
+            "t0": t0,
+        }
+        sock = self._sock(body["address"])
+        try:
+            regions, data, key_impl = self._prepare(entry, body)
+        except Exception as exc:
+            program, sname = entry.origin
+            err = (
+                exc
+                if isinstance(exc, RemoteError)
+                else to_remote(exc, "runtime", program=program, slice=sname, host=self.host)
+            )
+            sock.send_multipart(encode(base | {"pieces": 1, "error": err.to_dict()}))
+            return
+        if key_impl:
+            base["key_impl"] = key_impl
+        for (region, devs), piece in zip(regions, data, strict=True):
+            piece = np.ascontiguousarray(piece)
+            header = base | {
+                "pieces": len(regions),
+                "region": [list(r) for r in region],
+                "to": devs,
+                "piece_dtype": piece.dtype.str,
+                "piece_shape": list(piece.shape),
+            }
+            sock.send_multipart([*encode(header), memoryview(piece.data).cast("B")], copy=False)
+            self.bytes_sent += piece.nbytes
+        self.transfers += 1
+
+    def _prepare(
+        self, entry: Entry, body: dict[str, Any]
+    ) -> tuple[list[tuple[Index, list[int]]], list[np.ndarray], str]:
+        if entry.error is not None:
+            raise entry.error
+        value = entry.value
+        jax.block_until_ready(value)
+        key_impl = ""
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            key_impl = str(jax.random.key_impl(value))
+            value = jax.random.key_data(value)
+        shape = tuple(value.shape)
+        seen: set[Index] = set()
+        shards = []
+        for s in value.addressable_shards:
+            index = normalize(s.index, shape)
+            if index not in seen:
+                seen.add(index)
+                shards.append((index, np.asarray(s.data)))
+        regions = pieces_for(shape, body["spec"], body["mesh"], body["devices"])
+        data = [cut(region, shards, np.dtype(value.dtype)) for region, _ in regions]
+        return regions, data, key_impl
+
+
+# destination side ----------------------------------------------------------------------
+class Assembler:
+    """Collects the pieces of incoming arrays and stores each one whole.
+
+    ``make_mesh(devices, mesh)`` gives the destination mesh; ``done(handle, lid, entry,
+    t0, source)`` is called once per array, when its last piece (or an error) arrived.
+    """
+
+    def __init__(
+        self,
+        devices: dict[int, Any],
+        make_mesh: Callable[[Sequence[int], Sequence[Sequence[Any]]], Any],
+        done: Callable[[dict[str, Any], Any, RemoteError | None, int], None],
+    ) -> None:
+        self._devices = devices
+        self._make_mesh = make_mesh
+        self._done = done
+        self._partial: dict[int, dict[int, Any]] = {}
+        self._bytes: dict[int, int] = {}
+
+    def piece(self, h: dict[str, Any], bufs: Sequence[Any]) -> None:
+        handle = int(h["handle"])
+        if "error" in h:
+            self._partial.pop(handle, None)
+            nbytes = self._bytes.pop(handle, 0)
+            self._done(h, None, RemoteError.from_dict(h["error"]), nbytes)
+            return
+        if len(bufs) != 1:
+            raise RemoteError("a transfer piece carries exactly one frame", kind="invalid")
+        arr = np.frombuffer(bufs[0], dtype=np.dtype(h["piece_dtype"])).reshape(h["piece_shape"])
+        got = self._partial.setdefault(handle, {})
+        for d in h["to"]:
+            dev = self._devices.get(int(d))
+            if dev is None:
+                raise RemoteError(
+                    f"transfer piece for device {d}, which is not on this host "
+                    f"(it has {sorted(self._devices)})",
+                    kind="invalid",
+                )
+            got[int(d)] = jax.device_put(arr, dev)
+        self._bytes[handle] = self._bytes.get(handle, 0) + arr.nbytes
+        if len(got) < len(h["devices"]):
+            return  # more pieces to come
+        del self._partial[handle]
+        nbytes = self._bytes.pop(handle)
+        mesh = self._make_mesh(h["devices"], h["mesh"])
+        sharding = jax.sharding.NamedSharding(mesh, decode_spec(h["spec"]))
+        shape = tuple(int(n) for n in h["shape"])
+        if h.get("key_impl"):
+            shape = (*shape, *arr.shape[len(shape) :])
+        arrays = [got[int(d.id)] for d in mesh.devices.flat]
+        value = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+        if h.get("key_impl"):
+            value = jax.random.wrap_key_data(value, impl=h["key_impl"])
+        self._done(h, value, None, nbytes)
+
+    def forget(self, handle: int) -> None:
+        self._partial.pop(handle, None)
+        self._bytes.pop(handle, None)

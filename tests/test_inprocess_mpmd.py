@@ -1,0 +1,165 @@
+"""MPMD in-process: programs on different slices joined by host-to-host transfers."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+
+
+def _transfer_events(client: pw.Client) -> list[dict]:
+    ev = client.events()
+    return ev[(ev.program == "transfer") & (ev.kind == "end")].to_dict("records")
+
+
+def test_encode_on_one_island_decode_on_another(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    assert a.island != b.island
+    w1 = np.linspace(-1, 1, 8 * 16, dtype=np.float32).reshape(8, 16)
+    w2 = np.linspace(1, -1, 16 * 4, dtype=np.float32).reshape(16, 4)
+
+    def encode(x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w1)
+
+    def decode(h: jax.Array) -> jax.Array:
+        return h @ w2
+
+    enc = pw.jit(encode, slice=a, out_shardings=P("x"))
+    dec = pw.jit(decode, slice=b, in_shardings=P("x"))
+    x = np.arange(6 * 8, dtype=np.float32).reshape(6, 8) / 10
+    h = enc(a.put(x, P("x")))
+    z = dec(h)
+    assert h.slice is a and z.slice is b
+    np.testing.assert_allclose(np.asarray(z), decode(encode(x)), rtol=1e-5, atol=1e-6)
+    [ev] = _transfer_events(client)
+    assert ev["host"] == b.host and "→" in ev["detail"]
+    assert f"{6 * 16 * 4} B" in ev["detail"]
+
+
+@pytest.mark.parametrize(
+    ("src_mesh", "src_spec", "dst_mesh", "dst_spec"),
+    [
+        ({"x": 4}, P("x"), {"y": 2}, P(None, "y")),  # row shards to column shards
+        ({"x": 2, "y": 2}, P("x", "y"), {"z": 4}, P()),  # 2-D tiles to replicated
+        ({"x": 4}, P(), {"a": 2, "b": 2}, P(("a", "b"))),  # replicated to 4 row shards
+        ({"x": 2}, P("x"), {"x": 4}, P("x")),  # same axis name, more shards
+    ],
+)
+def test_transfers_reshard_by_index_overlap(
+    client: pw.Client, src_mesh: dict, src_spec: P, dst_mesh: dict, dst_spec: P
+) -> None:
+    a = client.allocate(src_mesh)
+    b = client.allocate(dst_mesh)
+    x = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+    xa = a.put(x, src_spec)
+    ident = pw.jit(lambda v: v * 1, slice=b, in_shardings=dst_spec, out_shardings=dst_spec)
+    y = ident(xa)
+    assert y.slice is b and y.spec == dst_spec
+    np.testing.assert_array_equal(np.asarray(y), x)
+    a.release()
+    b.release()
+
+
+def test_a_moved_array_is_sent_once_per_slice_and_sharding(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    xa = a.put(np.ones((4, 2), np.float32), P("x"))
+    f = pw.jit(lambda v: v + 1, slice=b)
+    before = len(_transfer_events(client))
+    np.testing.assert_array_equal(np.asarray(f(xa)), 2)
+    np.testing.assert_array_equal(np.asarray(f(xa)), 2)
+    assert len(_transfer_events(client)) == before + 1
+    g = pw.jit(lambda v: v + 2, slice=b, in_shardings=P())
+    np.testing.assert_array_equal(np.asarray(g(xa)), 3)
+    assert len(_transfer_events(client)) == before + 2
+
+
+def test_typed_prng_keys_move_between_slices(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    keys = jax.random.split(jax.random.key(3), 4)
+    ka = a.put(keys, P("x"))
+    draw = pw.jit(lambda k: jax.vmap(lambda kk: jax.random.normal(kk, ()))(k), slice=b)
+    want = jax.vmap(lambda kk: jax.random.normal(kk, ()))(keys)
+    np.testing.assert_allclose(np.asarray(draw(ka)), np.asarray(want), rtol=1e-6)
+
+
+def test_a_failure_crosses_slices_with_its_cause(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    client.inject_fault(a, match="stage_two")
+
+    def stage_two(v: jax.Array) -> jax.Array:
+        return v * 2
+
+    s2 = pw.jit(stage_two, slice=a)
+    loss = pw.jit(lambda v: jnp.sum(v), slice=b)
+    out = loss(s2(a.put(np.ones(4, np.float32), P("x"))))
+    with pytest.raises(pw.RemoteError, match="injected fault") as info:
+        np.asarray(out)
+    assert info.value.program == "stage_two"
+
+
+def test_a_chain_across_islands_is_submitted_before_it_runs(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+
+    def first(v: jax.Array) -> jax.Array:
+        return v + 1.0
+
+    fa0 = pw.jit(first, slice=a)
+    fa = pw.jit(lambda v: v + 1.0, slice=a)
+    fb = pw.jit(lambda v: v * 1.0 + 1.0, slice=b)
+    x = a.put(np.zeros(2, np.float32), P("x"))
+    np.asarray(fb(fa(fa0(x))))  # compile all three
+    client.inject_fault(a, match="first", kind="delay:0.5")
+    since = time.time()
+    y = fb(fa0(x))
+    for _ in range(15):
+        y = fb(fa(y))
+    submitted = time.time()
+    np.testing.assert_array_equal(np.asarray(y), 32.0)
+    ev = client.events(since=since)
+    end_of_first = ev[(ev.program == "first") & (ev.kind == "end")].time.max().timestamp()
+    # Every launch and transfer of the chain was with the controller before its first
+    # program had finished: dispatch never waited for a result.
+    launches = ev[ev.kind == "launch"]
+    assert len(launches) == 32 + 31  # programs, transfers
+    assert submitted < end_of_first
+    assert launches.time.max().timestamp() < end_of_first
+
+
+@pytest.mark.timeout(120)
+def test_two_pipelines_crossing_islands_in_opposite_order_finish(
+    cluster: pw.InProcessCluster,
+) -> None:
+    # Two tenants, so each island's gang scheduler may interleave them differently.
+    c1, c2 = cluster.client(name="forward"), cluster.client(name="backward")
+    try:
+        pipes = []
+        for c, order in ((c1, (0, 1)), (c2, (1, 0))):
+            s = [c.allocate({"x": 2}), c.allocate({"x": 2})]
+            first, second = s[order[0]], s[order[1]]
+            assert first.island != second.island
+            f = pw.jit(lambda v: v * 2.0, slice=first)
+            g = pw.jit(lambda v: v + 1.0, slice=second)
+            pipes.append([f, g, first.put(np.ones(2, np.float32), P("x"))])
+        for _ in range(40):  # both submit step by step, interleaved
+            for p in pipes:
+                p[2] = p[0](p[1](p[2]))
+        results = [p[2] for p in pipes]
+        want = 1.0
+        for _ in range(40):
+            want = (want + 1.0) * 2.0
+        for y in results:
+            np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+    finally:
+        c1.close()
+        c2.close()

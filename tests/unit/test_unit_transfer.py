@@ -1,0 +1,84 @@
+"""Transfer index arithmetic against JAX's own shard placement, and the parking lot."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pathways_nb._core import RemoteError, encode_spec
+from pathways_nb.worker._parking import ParkingLot
+from pathways_nb.worker._transfer import cut, normalize, overlap, pieces_for, shard_indices
+
+MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
+
+
+def _specs(names: tuple[str, ...]) -> list[P]:
+    return [
+        P(),
+        P(names[0]),
+        P(None, names[-1]),
+        P(names),
+        P(names[-1], names[0]) if len(names) > 1 else P(None, names[0]),
+    ]
+
+
+@pytest.mark.parametrize(("shape", "names"), MESHES)
+def test_shard_indices_match_jax(shape: tuple[int, ...], names: tuple[str, ...]) -> None:
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+    encoded_mesh = [[n, s] for n, s in zip(names, shape, strict=True)]
+    for spec in _specs(names):
+        sh = NamedSharding(mesh, spec)
+        want = [normalize(sh.devices_indices_map((16, 8))[d], (16, 8)) for d in mesh.devices.flat]
+        assert shard_indices((16, 8), encode_spec(spec), encoded_mesh) == want, spec
+
+
+@pytest.mark.parametrize(("shape", "names"), MESHES)
+def test_cut_assembles_any_destination_region(
+    shape: tuple[int, ...], names: tuple[str, ...]
+) -> None:
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+    encoded_mesh = [[n, s] for n, s in zip(names, shape, strict=True)]
+    x = np.arange(128, dtype=np.float32).reshape(16, 8)
+    for src_spec in _specs(names):
+        arr = jax.device_put(x, NamedSharding(mesh, src_spec))
+        shards = [(normalize(s.index, x.shape), np.asarray(s.data)) for s in arr.addressable_shards]
+        for dst_spec in _specs(names):
+            pieces = pieces_for(x.shape, encode_spec(dst_spec), encoded_mesh, list(range(8)))
+            # Devices holding the same region share one piece.
+            assert sum(len(devs) for _, devs in pieces) == 8
+            assert len({r for r, _ in pieces}) == len(pieces)
+            for region, _ in pieces:
+                got = cut(region, shards, np.dtype(np.float32))
+                np.testing.assert_array_equal(got, x[tuple(slice(a, b) for a, b in region)])
+
+
+def test_index_errors_say_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="names axis 'y'"):
+        shard_indices((4,), ["y"], [["x", 2]])
+    with pytest.raises(ValueError, match="does not split evenly into 4"):
+        shard_indices((6,), ["x"], [["x", 4]])
+    with pytest.raises(RemoteError, match="cover 2 of the 4"):
+        cut(((0, 4),), [(((0, 2),), np.zeros(2, np.float32))], np.dtype(np.float32))
+
+
+def test_overlap_of_regions() -> None:
+    assert overlap(((0, 4), (0, 2)), ((2, 6), (1, 3))) == ((2, 4), (1, 2))
+    assert overlap(((0, 2),), ((2, 4),)) is None
+    assert overlap((), ()) == ()  # scalars always meet
+
+
+def test_parking_lot_orders_and_blocks_by_array() -> None:
+    lot = ParkingLot()
+    assert not lot and lot.earliest_deadline() is None
+    lot.park("run", {"lid": 1}, (10, 11), deadline=5.0)
+    lot.park("send", {"src": 11}, (11,), deadline=3.0)
+    assert lot.conflicts([11]) and lot.conflicts([10, 99]) and not lot.conflicts([99])
+    assert lot.earliest_deadline() == 3.0
+    taken = lot.remove(lambda p: p.kind == "send")
+    assert [p.kind for p in taken] == ["send"] and len(lot) == 1
+    assert lot.conflicts([10]) and lot.conflicts([11])
+    assert [p.body for p in lot.take_all()] == [{"lid": 1}]
+    assert not lot and not lot.conflicts([10])
