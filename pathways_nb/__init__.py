@@ -18,6 +18,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Client": "pathways_nb.client",
+    "DataflowGraph": "pathways_nb.client",
+    "GraphArray": "pathways_nb.client",
+    "graph": "pathways_nb.client",
     "RemoteArray": "pathways_nb.client",
     "RemoteFunction": "pathways_nb.client",
     "Status": "pathways_nb.client",
@@ -58,12 +61,15 @@ if TYPE_CHECKING:
     )
     from pathways_nb.client import (
         Client,
+        DataflowGraph,
+        GraphArray,
         RemoteArray,
         RemoteFunction,
         Status,
         TraceError,
         VirtualSlice,
         fetch,
+        graph,
         jit,
     )
     from pathways_nb.deploy import InProcessCluster, LocalCluster

@@ -87,6 +87,22 @@ def test_training_over_a_scheduler_address_matches_plain_jax(local: pw.LocalClus
             np.testing.assert_allclose(final[k], ref_params[k], rtol=1e-4, atol=1e-6)
 
 
+def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
+    with pw.Client(local) as client:
+        a = client.allocate({"x": 4})
+        b = client.allocate({"y": 2, "z": 2})
+        assert a.island != b.island
+        x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+        xa = a.put(x, P("x"))
+        to_b = pw.jit(lambda v: v * 1.0, slice=b, in_shardings=P("z", "y"))
+        back = pw.jit(lambda v: v - 1.0, slice=a, in_shardings=P(None, "x"))
+        np.testing.assert_array_equal(np.asarray(back(to_b(xa))), x - 1.0)
+        ev = client.events()
+        done = ev[(ev.program == "transfer") & (ev.kind == "end")]
+        assert len(done) == 2 and set(done.host) == {a.host, b.host}
+        assert all(f"{x.nbytes} B" in d for d in done.detail)
+
+
 def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCluster) -> None:
     ctx: zmq.Context[object] = zmq.Context()
     try:

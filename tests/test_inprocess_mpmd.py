@@ -163,3 +163,61 @@ def test_two_pipelines_crossing_islands_in_opposite_order_finish(
     finally:
         c1.close()
         c2.close()
+
+
+def test_the_dataflow_graph_is_built_from_shapes_and_nothing_runs(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    enc = pw.jit(lambda v: jnp.tanh(v @ jnp.ones((8, 16))), slice=a, out_shardings=P("x"))
+    dec = pw.jit(lambda h: h.sum(axis=1), slice=b, in_shardings=P("x"))
+
+    def step(v: pw.RemoteArray) -> pw.RemoteArray:
+        return dec(enc(v))
+
+    x = a.put(np.ones((6, 8), np.float32), P("x"))
+    before = len(client.events())
+    g = client.graph(step, x)
+    assert len(client.events()) == before  # nothing was launched or moved
+    nodes, edges = g.nodes, g.edges
+    assert list(nodes.kind) == ["input", "program", "program"]
+    assert list(nodes.slice) == [a.name, a.name, b.name]
+    [t] = edges[edges.kind == "transfer"].to_dict("records")
+    assert (t["from_slice"], t["to_slice"]) == (a.name, b.name)
+    assert t["shape"] == (6, 16) and t["dtype"] == "float32" and t["bytes"] == 6 * 16 * 4
+    assert t["spec"] == "P('x',)"
+    dot = g.to_dot()
+    assert dot.startswith('digraph "step"') and "style=dashed" in dot and dot.count("->") == 2
+    assert "2 programs on 2 slices" in repr(g)
+    out = pw.graph(step, x)  # the module-level form, on the current client
+    assert out.programs == 2
+    # Numpy inputs become puts; placeholders have shapes but no values.
+    g2 = client.graph(lambda v: enc(v), np.ones((6, 8), np.float32))
+    assert list(g2.nodes.name) == ["put", "<lambda>"]
+    with pytest.raises(ValueError, match="traced with shapes only"):
+        g.annotate()
+
+
+def test_a_recorded_step_is_annotated_with_times_from_the_event_log(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    enc = pw.jit(lambda v: v * 2.0, slice=a)
+    dec = pw.jit(lambda h: h + 1.0, slice=b)
+    x = a.put(np.ones(4, np.float32), P("x"))
+    with client.record() as g:
+        z = dec(enc(x))
+    np.testing.assert_array_equal(np.asarray(z), 3.0)
+    g.annotate()
+    nodes, edges = g.nodes, g.edges
+    progs = nodes[nodes.kind == "program"]
+    assert list(progs.name) == ["<lambda>", "<lambda>"] and (progs.lid > 0).all()
+    assert (progs.end >= progs.start).all()
+    [t] = edges[edges.kind == "transfer"].to_dict("records")
+    assert t["lid"] > 0 and t["end"] >= t["start"]
+    # The transfer starts after the producer started and ends before the consumer ends.
+    assert t["start"] >= progs.start.iloc[0] and t["end"] <= progs.end.iloc[1]
+    placeholders: list[pw.RemoteArray] = []
+    client.graph(lambda v: placeholders.append(enc(v)), x)
+    with pytest.raises(TypeError, match="no value"):
+        np.asarray(placeholders[0])
+    with pytest.raises(TypeError, match="traces shapes only"):
+        dec(placeholders[0])  # a placeholder cannot feed a real launch

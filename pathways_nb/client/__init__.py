@@ -1,20 +1,24 @@
 """The client: a notebook's session, virtual slices, remote arrays and ``pw.jit``."""
 
 from pathways_nb.client._futures import Future
+from pathways_nb.client._graph import DataflowGraph, GraphArray
 from pathways_nb.client._jit import RemoteFunction, TraceError, jit
 from pathways_nb.client._remote import RemoteArray
-from pathways_nb.client._session import Client, fetch
+from pathways_nb.client._session import Client, fetch, graph
 from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import Status
 
 __all__ = [
     "Client",
+    "DataflowGraph",
     "Future",
+    "GraphArray",
     "RemoteArray",
     "RemoteFunction",
     "Status",
     "TraceError",
     "VirtualSlice",
     "fetch",
+    "graph",
     "jit",
 ]

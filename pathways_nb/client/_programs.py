@@ -11,6 +11,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import decode_spec, encode_spec
+from pathways_nb.client import _graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
 from pathways_nb.client._remote import RemoteArray, index_key
@@ -47,6 +48,7 @@ class ProgramCalls:
 
     def _call(self, f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check_open()
+        rec = _graph.active()
         dyn, static = f._split(args, kwargs)
         # RemoteArray is not a pytree node, so it is a leaf without an is_leaf callback.
         leaves, treedef = jax.tree.flatten(dyn)
@@ -55,7 +57,7 @@ class ProgramCalls:
         for leaf in leaves:
             if type(leaf) is not RemoteArray or leaf.slice is not vs:
                 in_specs = f._leaf_specs(treedef)
-                arrays = [self._onto(vs, x, s) for x, s in zip(leaves, in_specs, strict=True)]
+                arrays = [self._onto(vs, x, s, rec) for x, s in zip(leaves, in_specs, strict=True)]
                 break
             if leaf._deleted:
                 leaf._check_usable()
@@ -65,9 +67,42 @@ class ProgramCalls:
         if prog is None:
             avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
             prog = f._trace(vs, treedef, avals, static, donate)
+            if rec is not None and rec.tracing:
+                return self._trace_only(f, prog, vs, arrays, rec)  # not sent, not cached
             self._register(prog, vs)
             f._programs[key] = prog
+        if rec is not None:
+            if rec.tracing:
+                return self._trace_only(f, prog, vs, arrays, rec)
+            out = self._launch(prog, vs, arrays)
+            leaves_out = jax.tree.leaves(out, is_leaf=lambda v: isinstance(v, RemoteArray))
+            rec.program(f.name, vs, arrays, leaves_out, leaves_out[0]._lid if leaves_out else 0)
+            return out
         return self._launch(prog, vs, arrays)
+
+    def _trace_only(
+        self,
+        f: RemoteFunction,
+        prog: Program,
+        vs: VirtualSlice,
+        arrays: list[RemoteArray],
+        rec: _graph.Recorder,
+    ) -> Any:
+        """What a launch would return, for pw.graph: placeholders with shapes, no launch."""
+        outs = [
+            _graph.GraphArray(
+                self._as_client(),
+                aval.shape,
+                aval.dtype,
+                NamedSharding(vs.abstract_mesh, spec or PartitionSpec()),
+                vs,
+            )
+            for aval, spec in zip(prog.out_avals, prog.out_specs, strict=True)
+        ]
+        rec.program(f.name, vs, arrays, outs)
+        if prog.single_output:
+            return outs[0]
+        return jax.tree.unflatten(prog.out_tree, outs)
 
     def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
         if f.slice is None and leaves and type(leaves[0]) is RemoteArray:
@@ -99,14 +134,28 @@ class ProgramCalls:
         vs.check_active()
         return vs
 
-    def _onto(self, vs: VirtualSlice, x: Any, spec: PartitionSpec | None) -> RemoteArray:
+    def _onto(
+        self,
+        vs: VirtualSlice,
+        x: Any,
+        spec: PartitionSpec | None,
+        rec: _graph.Recorder | None = None,
+    ) -> RemoteArray:
         """``x`` as a RemoteArray on ``vs``: put if it is local, moved if it lives elsewhere."""
         if not isinstance(x, RemoteArray):
+            if rec is not None and rec.tracing:
+                return rec.put(vs, x, spec or PartitionSpec())
             return self._put(vs, x, spec or PartitionSpec())
         x._check_usable()
         if x.slice is vs:
             return x
-        return self._move(x, vs, spec)
+        spec = _moved_spec(x, vs, spec)
+        if rec is not None and rec.tracing:
+            return rec.move(x, vs, spec)
+        copy = self._move(x, vs, spec)
+        if rec is not None:
+            rec.moved(x, copy, copy._lid)
+        return copy
 
     def _move(self, x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> RemoteArray:
         """A copy of ``x`` on slice ``vs``, sent host to host; it is made once per
@@ -116,14 +165,7 @@ class ProgramCalls:
         the destination mesh has those axes and is replicated otherwise.
         """
         vs.check_active()
-        if spec is None:
-            spec = x.spec
-            try:
-                vs.check_spec(spec, x.shape)
-            except ValueError:
-                spec = PartitionSpec()
-        else:
-            vs.check_spec(spec, x.shape)
+        spec = _moved_spec(x, vs, spec)
         key = (vs.id, spec)
         copies = x._copies
         if copies is not None:
@@ -252,3 +294,16 @@ class ProgramCalls:
     def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
         key = index_key(index)
         return self._op(f"getitem[{key}]", lambda a: a[index], x)
+
+
+def _moved_spec(x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> PartitionSpec:
+    """The sharding of ``x``'s copy on ``vs``: the consumer's if given, else ``x``'s own
+    where ``vs`` has those axes, else replicated."""
+    if spec is not None:
+        vs.check_spec(spec, x.shape)
+        return spec
+    try:
+        vs.check_spec(x.spec, x.shape)
+    except ValueError:
+        return PartitionSpec()
+    return x.spec

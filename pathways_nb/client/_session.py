@@ -7,7 +7,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -31,6 +31,7 @@ from pathways_nb._core import (
 )
 from pathways_nb.client._direct import DirectChannels
 from pathways_nb.client._discovery import ask_scheduler
+from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
 from pathways_nb.client._programs import ProgramCalls
@@ -370,6 +371,26 @@ class Client(ProgramCalls):
             logging.getLogger("pathways_nb.client").warning("controller: %s", h.get("message"))
 
     # controller queries ---------------------------------------------------------------
+    # the dataflow graph ---------------------------------------------------------------
+    def graph(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> DataflowGraph:
+        """The dataflow graph of ``fn(*args, **kwargs)`` from shapes alone: nothing runs.
+
+        >>> g = client.graph(lambda x: dec(enc(x)), x)
+        >>> g.nodes, g.edges, g.to_dot()
+        """
+        self._check_open()
+        return trace_graph(self, fn, *args, **kwargs)
+
+    def record(self, name: str = "step") -> Recording:
+        """Run a step and record its dataflow graph; ``graph.annotate()`` adds its times.
+
+        >>> with client.record() as g:
+        ...     params, loss = step(params, batch)
+        >>> g.annotate().nodes[["name", "start", "end"]]
+        """
+        self._check_open()
+        return Recording(self, name)
+
     def cancel(self) -> int:
         """Cancel this client's launches that have not started, wherever they wait.
 
@@ -415,6 +436,12 @@ class Client(ProgramCalls):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._pending)} launches still pending")
                 self._cond.wait(0.05)
+
+
+def graph(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> DataflowGraph:
+    """The dataflow graph of ``fn(*args, **kwargs)`` on the current client; see
+    :meth:`Client.graph`."""
+    return Client.current().graph(fn, *args, **kwargs)
 
 
 def fetch(tree: Any) -> Any:
