@@ -20,6 +20,8 @@ _LAZY = {
     "Client": "pathways_nb.client",
     "DataflowGraph": "pathways_nb.client",
     "GraphArray": "pathways_nb.client",
+    "Pipeline": "pathways_nb.client",
+    "pipeline": "pathways_nb.client",
     "graph": "pathways_nb.client",
     "RemoteArray": "pathways_nb.client",
     "RemoteFunction": "pathways_nb.client",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
         Client,
         DataflowGraph,
         GraphArray,
+        Pipeline,
         RemoteArray,
         RemoteFunction,
         Status,
@@ -71,6 +74,7 @@ if TYPE_CHECKING:
         fetch,
         graph,
         jit,
+        pipeline,
     )
     from pathways_nb.deploy import InProcessCluster, LocalCluster
 

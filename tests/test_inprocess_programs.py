@@ -243,3 +243,16 @@ def test_scalar_operator_programs_are_bounded(
     for i in range(6):
         np.testing.assert_array_equal((x * i).fetch(), np.arange(4, dtype=np.float32) * i)
     assert len(client._ops) == 3
+
+
+def test_a_program_that_ignores_its_inputs_still_runs_on_the_whole_slice(
+    client: pw.Client,
+) -> None:
+    vs = client.allocate({"data": 4})
+    x = vs.put(np.ones((8, 2), np.float32), P("data"))
+    z = pw.jit(jnp.zeros_like)(x)
+    assert z.slice is vs
+    np.testing.assert_array_equal(np.asarray(z), np.zeros((8, 2), np.float32))
+    w = pw.jit(lambda v: (jnp.arange(3.0), v.shape[0]), static_argnums=())(x)
+    np.testing.assert_array_equal(np.asarray(w[0]), np.arange(3.0))
+    vs.release()

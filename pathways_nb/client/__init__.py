@@ -3,6 +3,7 @@
 from pathways_nb.client._futures import Future
 from pathways_nb.client._graph import DataflowGraph, GraphArray
 from pathways_nb.client._jit import RemoteFunction, TraceError, jit
+from pathways_nb.client._pipeline import Pipeline, pipeline
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._session import Client, fetch, graph
 from pathways_nb.client._slice import VirtualSlice
@@ -13,6 +14,7 @@ __all__ = [
     "DataflowGraph",
     "Future",
     "GraphArray",
+    "Pipeline",
     "RemoteArray",
     "RemoteFunction",
     "Status",
@@ -21,4 +23,5 @@ __all__ = [
     "fetch",
     "graph",
     "jit",
+    "pipeline",
 ]

@@ -14,7 +14,7 @@ import numpy as np
 from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import PathwaysError
+from pathways_nb._core import PathwaysError, encode_spec
 from pathways_nb.client._remote import RemoteArray
 
 if TYPE_CHECKING:
@@ -38,6 +38,9 @@ class Program:
     out_specs: list[PartitionSpec | None]
     donate: tuple[int, ...]
     platform: str
+    # Encoded PartitionSpec of each input: hosts need them for inputs the exported
+    # program leaves unconstrained (it does not use them).
+    in_specs: list[Any] = dataclasses.field(default_factory=list)
     # Filled on first launch: the NamedShardings of the outputs, reused by every launch.
     out_shardings: list[NamedSharding] | None = None
 
@@ -258,6 +261,16 @@ class RemoteFunction:
                 out_sh = [NamedSharding(am, s) for s in _broadcast_specs(user_out, out_holder[-1])]
             jitted = jax.jit(flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate)
             exp = export.export(jitted, platforms=(vs.platform,))(*avals)
+            if exp.nr_devices != vs.size and out_sh is None:
+                # Nothing ties the program to the slice's devices (it ignores its inputs
+                # and leaves its outputs' layout free), so it was exported for one device:
+                # make its outputs replicated over the slice instead.
+                jax.eval_shape(flat, *avals)
+                out_sh = [NamedSharding(am, PartitionSpec())] * out_holder[-1].num_leaves
+                jitted = jax.jit(
+                    flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate
+                )
+                exp = export.export(jitted, platforms=(vs.platform,))(*avals)
             blob = bytes(exp.serialize())
         except NotImplementedError as exc:
             if "host_callback" in str(exc):
@@ -277,7 +290,8 @@ class RemoteFunction:
                 out_specs.append(PartitionSpec())
             else:
                 out_specs.append(None)
-        digest = hashlib.sha256(blob + repr(donate).encode()).hexdigest()[:24]
+        in_wire = [encode_spec(a.sharding.spec) for a in avals]
+        digest = hashlib.sha256(blob + repr((donate, in_wire)).encode()).hexdigest()[:24]
         return Program(
             pid=digest,
             name=self.name,
@@ -288,6 +302,7 @@ class RemoteFunction:
             out_specs=out_specs,
             donate=donate,
             platform=vs.platform,
+            in_specs=in_wire,
         )
 
 

@@ -205,6 +205,7 @@ class ProgramCalls:
                     "name": prog.name,
                     "nin": prog.nin,
                     "nout": len(prog.out_avals),
+                    "in_specs": prog.in_specs,
                 },
                 [prog.blob],
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -13,6 +14,7 @@ class Program:
     blob: bytes
     nin: int
     nout: int
+    in_specs: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

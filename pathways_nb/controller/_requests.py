@@ -100,7 +100,12 @@ class ClientRequests:
         if len(bufs) != 1:
             raise ProtocolError("a program message carries exactly one frame: the jax.export bytes")
         if h["pid"] not in self._programs:
-            self._programs[h["pid"]] = Program(h["name"], bytes(bufs[0]), h["nin"], h["nout"])
+            specs = h.get("in_specs")
+            if not isinstance(specs, list) or len(specs) != h["nin"]:
+                specs = [[] for _ in range(h["nin"])]
+            self._programs[h["pid"]] = Program(
+                h["name"], bytes(bufs[0]), h["nin"], h["nout"], specs
+            )
 
     def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         s = self.rm.active(h["slice"], t.tenant)

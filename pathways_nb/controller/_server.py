@@ -534,7 +534,14 @@ class Controller(ClientRequests):
             p = self._programs[pid]
             if self._send_host(
                 host,
-                {"t": "program", "pid": pid, "name": p.name, "nin": p.nin, "nout": p.nout},
+                {
+                    "t": "program",
+                    "pid": pid,
+                    "name": p.name,
+                    "nin": p.nin,
+                    "nout": p.nout,
+                    "in_specs": p.in_specs,
+                },
                 [p.blob],
             ):
                 have.add(pid)

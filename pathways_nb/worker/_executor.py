@@ -23,8 +23,9 @@ import jax
 import numpy as np
 from jax import export
 from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from pathways_nb._core import RemoteError, encode_spec, handle_owner
+from pathways_nb._core import RemoteError, decode_spec, encode_spec, handle_owner
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._store import Entry, ObjectStore
@@ -44,6 +45,8 @@ _ACK_DELAY = 2e-3
 class _Program:
     name: str
     exported: export.Exported
+    # The client's encoded PartitionSpec per input, for inputs the export leaves free.
+    in_specs: list[Any] = dataclasses.field(default_factory=list)
     # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
     out_nbytes: list[int] = dataclasses.field(default_factory=list)
     total_nbytes: int = 0
@@ -254,7 +257,7 @@ class Executor:
         return None if entries is None else (plan, entries)
 
     # programs -----------------------------------------------------------------------
-    def add_program(self, pid: str, name: str, blob: bytes) -> None:
+    def add_program(self, pid: str, name: str, blob: bytes, in_specs: Sequence[Any] = ()) -> None:
         if pid in self._programs:
             return
         try:
@@ -265,7 +268,7 @@ class Executor:
                 exc, "compile", program=name, slice="", host=self.host
             )
             return
-        self._programs[pid] = _Program(name, exp)
+        self._programs[pid] = _Program(name, exp, in_specs=list(in_specs))
 
     def _mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:
         key = (tuple(devices), tuple((str(a), int(n)) for a, n in mesh))
@@ -292,10 +295,18 @@ class Executor:
         if fn is None:
             prog = self._program(pid)
             exp = prog.exported
-            fn = jax.jit(exp.call, in_shardings=exp.in_shardings_jax(mesh), donate_argnums=donate)
+            in_sh = [
+                s
+                if s is not None
+                else NamedSharding(
+                    mesh, decode_spec(prog.in_specs[i]) if i < len(prog.in_specs) else P()
+                )
+                for i, s in enumerate(exp.in_shardings_jax(mesh))
+            ]
+            fn = jax.jit(exp.call, in_shardings=in_sh, donate_argnums=donate)
             avals = [
                 jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-                for a, s in zip(exp.in_avals, exp.in_shardings_jax(mesh), strict=True)
+                for a, s in zip(exp.in_avals, in_sh, strict=True)
             ]
             fn = fn.lower(*avals).compile()
             self._compiles += 1

@@ -273,7 +273,16 @@ class Host:
             log.warning("controller says: %s", h["message"])
         elif kind == "program":
             if len(msg.buffers) == 1:
-                self.executor.submit("program", (h["pid"], h["name"], bytes(msg.buffers[0])))
+                specs = h.get("in_specs")
+                self.executor.submit(
+                    "program",
+                    (
+                        h["pid"],
+                        h["name"],
+                        bytes(msg.buffers[0]),
+                        specs if isinstance(specs, list) else [],
+                    ),
+                )
         elif kind == "run":
             self.executor.submit("run", h)
         elif kind == "drop":

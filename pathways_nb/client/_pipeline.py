@@ -1,0 +1,364 @@
+"""Pipeline parallelism: a model split into stages on different slices, trained with
+microbatches under a GPipe or 1F1B schedule.
+
+Every stage's programs are ``pw.jit`` functions pinned to its slice: forward, backward
+(which recomputes the stage's forward under ``jax.vjp``: a vjp closure cannot be
+exported), gradient accumulation and the optimizer update. Activations and their
+gradients move between slices host to host. The schedule is the order in which the
+client submits these programs; it never waits, so each island's gang scheduler sees
+its stage's programs in schedule order and the stages overlap on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from pathways_nb.client._jit import RemoteFunction, jit
+from pathways_nb.client._remote import RemoteArray
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pathways_nb.client._slice import VirtualSlice
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One step of a schedule: ``kind`` F (forward), B (backward) or L (the last stage's
+    fused forward, loss and backward) of ``microbatch`` on ``stage``."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+
+def stage_orders(stages: int, microbatches: int, schedule: str) -> list[list[Op]]:
+    """What each stage runs, in order, under ``schedule``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
+    if stages < 1 or microbatches < 1:
+        raise ValueError(
+            f"a pipeline needs at least one stage and one microbatch; got {stages} stages "
+            f"and {microbatches} microbatches"
+        )
+    last, m_all = stages - 1, range(microbatches)
+    orders = []
+    for s in range(last):
+        if schedule == "gpipe":
+            order = [Op("F", s, m) for m in m_all] + [Op("B", s, m) for m in m_all]
+        else:
+            warm = min(last - s, microbatches)
+            order = [Op("F", s, m) for m in range(warm)]
+            for m in range(microbatches - warm):
+                order += [Op("F", s, warm + m), Op("B", s, m)]
+            order += [Op("B", s, m) for m in range(microbatches - warm, microbatches)]
+        orders.append(order)
+    orders.append([Op("L", last, m) for m in m_all])
+    return orders
+
+
+def submission_order(orders: list[list[Op]]) -> list[Op]:
+    """One global order that keeps every stage's order and every data dependency."""
+    last = len(orders) - 1
+    done: set[Op] = set()
+
+    def ready(op: Op) -> bool:
+        if op.kind == "F":
+            return op.stage == 0 or Op("F", op.stage - 1, op.microbatch) in done
+        if op.kind == "L":
+            return last == 0 or Op("F", last - 1, op.microbatch) in done
+        nxt = "L" if op.stage + 1 == last else "B"
+        return Op(nxt, op.stage + 1, op.microbatch) in done
+
+    out: list[Op] = []
+    pos = [0] * len(orders)
+    total = sum(len(o) for o in orders)
+    while len(out) < total:
+        progressed = False
+        for s, order in enumerate(orders):
+            while pos[s] < len(order) and ready(order[pos[s]]):
+                out.append(order[pos[s]])
+                done.add(order[pos[s]])
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the stage orders cannot be merged: a stage waits on itself")
+    return out
+
+
+def theoretical_bubble(stages: int, microbatches: int) -> float:
+    """The idle fraction of an ideal GPipe or 1F1B schedule: (S-1) / (M+S-1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+class Pipeline:
+    """A training step for a model split into stages; made by :func:`pipeline`.
+
+    >>> step = pw.pipeline([s0, s1, s2, s3], slices, loss_fn, optax.adam(1e-3),
+    ...                    microbatches=8, schedule="1f1b")
+    >>> params, opt_state = step.init([p0, p1, p2, p3])
+    >>> params, opt_state, loss = step(params, opt_state, x, y)
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[Callable[[Any, Any], Any]],
+        slices: Sequence[VirtualSlice],
+        loss_fn: Callable[[Any, Any], Any],
+        optimizer: Any,
+        microbatches: int,
+        schedule: str,
+        batch_spec: PartitionSpec,
+    ) -> None:
+        if len(stages) != len(slices):
+            raise ValueError(
+                f"one slice per stage: got {len(stages)} stages and {len(slices)} slices"
+            )
+        self.stages = list(stages)
+        self.slices = list(slices)
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.batch_spec = batch_spec
+        self.optimizer = optimizer
+        self.order = submission_order(stage_orders(len(stages), microbatches, schedule))
+        n = len(stages)
+        m = float(microbatches)
+        self._fwd: list[RemoteFunction] = []
+        self._bwd_first: list[RemoteFunction] = []
+        self._bwd: list[RemoteFunction] = []
+        self._update: list[RemoteFunction] = []
+        for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
+            name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
+            self._fwd.append(jit(fn, slice=vs, name=f"{name}.fwd"))
+            first, acc = _backward(fn, s == 0)
+            self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
+            self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(3,)))
+            self._update.append(
+                jit(_update(optimizer), slice=vs, name=f"{name}.update", donate_argnums=(0, 1, 2))
+            )
+        last_first, last_acc = _last(stages[-1], loss_fn, m, n == 1)
+        lname = f"stage{n - 1}:{getattr(stages[-1], '__name__', 'stage')}"
+        self._last_first = jit(last_first, slice=slices[-1], name=f"{lname}.loss")
+        self._last = jit(last_acc, slice=slices[-1], name=f"{lname}.loss", donate_argnums=(3, 4))
+        self._opt_init = [
+            jit(optimizer.init, slice=vs, name=f"stage{s}.opt_init") for s, vs in enumerate(slices)
+        ]
+
+    def init(self, params: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """Place each stage's parameters on its slice (replicated) and make the
+        optimizer state there."""
+        if len(params) != len(self.slices):
+            raise ValueError(f"one parameter tree per stage: got {len(params)}")
+        placed = [
+            jax.tree.map(
+                lambda v, vs=vs: v if isinstance(v, RemoteArray) else vs.put(v, PartitionSpec()),
+                p,
+            )
+            for p, vs in zip(params, self.slices, strict=True)
+        ]
+        states = [f(p) for f, p in zip(self._opt_init, placed, strict=True)]
+        return placed, states
+
+    def _split(self, batch: Any, vs: VirtualSlice, what: str) -> list[RemoteArray]:
+        m = self.microbatches
+        if isinstance(batch, RemoteArray):
+            if batch.shape[0] % m:
+                raise ValueError(f"{what} of {batch.shape[0]} rows does not split into {m}")
+            rows = batch.shape[0] // m
+            split = jit(
+                lambda b: tuple(b[i * rows : (i + 1) * rows] for i in range(m)),
+                slice=vs,
+                name="split",
+                out_shardings=self.batch_spec,
+            )
+            return list(split(batch))
+        arr = np.asarray(batch)
+        if arr.shape[0] % m:
+            raise ValueError(
+                f"{what} has {arr.shape[0]} rows, which do not split into {m} microbatches"
+            )
+        return [vs.put(part, self.batch_spec) for part in np.split(arr, m)]
+
+    def __call__(
+        self, params: Sequence[Any], opt_state: Sequence[Any], x: Any, y: Any
+    ) -> tuple[list[Any], list[Any], RemoteArray]:
+        """One training step; returns new parameters, optimizer state and the mean loss.
+
+        The old parameters and optimizer state are donated.
+        """
+        n = len(self.stages)
+        xs = self._split(x, self.slices[0], "x")
+        ys = self._split(y, self.slices[-1], "y")
+        acts: dict[tuple[int, int], Any] = {(0, i): v for i, v in enumerate(xs)}
+        grads_in: dict[tuple[int, int], Any] = {}
+        acc: list[Any] = [None] * n
+        loss: Any = None
+        for op in self.order:
+            s, i = op.stage, op.microbatch
+            if op.kind == "F":
+                acts[(s + 1, i)] = self._fwd[s](params[s], acts[(s, i)])
+            elif op.kind == "L":
+                if acc[s] is None:
+                    loss, acc[s], gx = self._last_first(params[s], acts[(s, i)], ys[i])
+                else:
+                    loss, acc[s], gx = self._last(params[s], acts[(s, i)], ys[i], acc[s], loss)
+                if s > 0:
+                    grads_in[(s - 1, i)] = gx
+                del acts[(s, i)]
+            else:
+                g = grads_in.pop((s, i))
+                if acc[s] is None:
+                    out = self._bwd_first[s](params[s], acts[(s, i)], g)
+                else:
+                    out = self._bwd[s](params[s], acts[(s, i)], g, acc[s])
+                if s > 0:
+                    acc[s], grads_in[(s - 1, i)] = out
+                else:
+                    acc[s] = out
+                del acts[(s, i)]
+        new_params, new_states = [], []
+        for s in range(n):
+            p, st = self._update[s](params[s], opt_state[s], acc[s])
+            new_params.append(p)
+            new_states.append(st)
+        return new_params, new_states, loss
+
+    def bubble(self, events: pd.DataFrame) -> dict[str, Any]:
+        """The idle fraction of each stage's slice over one step, from the event log.
+
+        ``events`` should hold one step (``client.events(since=t)``). A stage is busy
+        while one of its programs runs; the span runs from the first program's start to
+        the last one's end, over all stages.
+        """
+        runs = events[events.kind.isin(["start", "end"]) & (events.program != "transfer")]
+        names = {f.name: s for s, f in enumerate(self._fwd)}
+        names |= {f.name: s for s, f in enumerate(self._bwd)}
+        names |= {self._last.name: len(self.stages) - 1}
+        spans: dict[int, list[tuple[float, float]]] = {}
+        starts: dict[int, float] = {}
+        for lid, kind, prog, t in zip(
+            runs.lid, runs.kind, runs.program, runs.time.map(lambda v: v.timestamp()), strict=True
+        ):
+            s = names.get(prog)
+            if s is None:
+                continue
+            if kind == "start":
+                starts[lid] = t
+            elif lid in starts:
+                spans.setdefault(s, []).append((starts.pop(lid), t))
+        if not spans:
+            raise ValueError("no stage programs in these events; pass one step's events")
+        t0 = min(a for v in spans.values() for a, _ in v)
+        t1 = max(b for v in spans.values() for _, b in v)
+        per_stage = {
+            s: 1.0 - _union(v) / (t1 - t0) if t1 > t0 else 0.0 for s, v in sorted(spans.items())
+        }
+        return {
+            "per_stage": per_stage,
+            "mean": sum(per_stage.values()) / len(per_stage),
+            "theoretical": theoretical_bubble(len(self.stages), self.microbatches),
+            "span_s": t1 - t0,
+        }
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
+    """Backward of a middle stage, recomputing its forward; with and without an
+    accumulator for the parameter gradients."""
+
+    def grads(p: Any, x: Any, g: Any) -> tuple[Any, Any]:
+        _, vjp = jax.vjp(fn, p, x)
+        gp, gx = vjp(g)
+        return gp, gx
+
+    def first(p: Any, x: Any, g: Any) -> Any:
+        gp, gx = grads(p, x, g)
+        return gp if first_stage else (gp, gx)
+
+    def acc(p: Any, x: Any, g: Any, a: Any) -> Any:
+        gp, gx = grads(p, x, g)
+        total = jax.tree.map(lambda u, v: u + v, a, gp)
+        return total if first_stage else (total, gx)
+
+    first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
+    return first, acc
+
+
+def _last(
+    fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], m: float, only: bool
+) -> tuple[Any, Any]:
+    """The last stage: forward, loss (divided by the microbatch count, so gradients
+    add up to the batch mean) and backward in one program."""
+
+    def value_and_grads(p: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
+        def objective(pp: Any, xx: Any) -> Any:
+            return loss_fn(fn(pp, xx), y) / m
+
+        loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(p, x)
+        return loss, gp, gx
+
+    def first(p: Any, x: Any, y: Any) -> Any:
+        loss, gp, gx = value_and_grads(p, x, y)
+        return loss, gp, (None if only else gx)
+
+    def acc(p: Any, x: Any, y: Any, a: Any, total: Any) -> Any:
+        loss, gp, gx = value_and_grads(p, x, y)
+        return total + loss, jax.tree.map(lambda u, v: u + v, a, gp), (None if only else gx)
+
+    return first, acc
+
+
+def _update(optimizer: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+    def update(p: Any, st: Any, g: Any) -> tuple[Any, Any]:
+        import optax
+
+        updates, st = optimizer.update(g, st, p)
+        return optax.apply_updates(p, updates), st
+
+    return update
+
+
+def pipeline(
+    stages: Sequence[Callable[[Any, Any], Any]],
+    slices: Sequence[VirtualSlice],
+    loss_fn: Callable[[Any, Any], Any],
+    optimizer: Any,
+    microbatches: int = 4,
+    schedule: str = "1f1b",
+    batch_spec: PartitionSpec | None = None,
+) -> Pipeline:
+    """A pipelined training step over ``slices``, one stage per slice.
+
+    ``stages[i](params_i, x)`` maps stage ``i``'s input to its output;
+    ``loss_fn(output, y)`` gives a scalar mean loss; ``optimizer`` is an optax
+    ``GradientTransformation``. ``schedule`` is ``"gpipe"`` (all forwards, then all
+    backwards) or ``"1f1b"`` (one forward, one backward once warm, so fewer activations
+    wait). ``batch_spec`` shards each microbatch over a stage slice's mesh (default:
+    replicated).
+    """
+    return Pipeline(
+        stages,
+        slices,
+        loss_fn,
+        optimizer,
+        microbatches,
+        schedule,
+        batch_spec if batch_spec is not None else PartitionSpec(),
+    )
