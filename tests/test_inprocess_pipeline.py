@@ -100,6 +100,7 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(four: pw.Client, schedule: 
         losses.append(loss)
     got = [float(v) for v in pw.fetch(losses)]
     # It really pipelines: programs of different stages ran at the same time.
+    four.wait_all()
     ev = four.events(since=since)
     runs = ev[ev.kind.isin(["start", "end"]) & ev.program.str.startswith("stage")]
     spans = runs.pivot_table(index="lid", columns="kind", values="time", aggfunc="first")

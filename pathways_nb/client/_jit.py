@@ -291,7 +291,9 @@ class RemoteFunction:
             else:
                 out_specs.append(None)
         in_wire = [encode_spec(a.sharding.spec) for a in avals]
-        digest = hashlib.sha256(blob + repr((donate, in_wire)).encode()).hexdigest()[:24]
+        # The name is part of the identity: the event log names what ran by its program.
+        key = repr((donate, in_wire, self.name)).encode()
+        digest = hashlib.sha256(blob + key).hexdigest()[:24]
         return Program(
             pid=digest,
             name=self.name,

@@ -1,0 +1,320 @@
+"""MPMD: pipelines across islands against SPMD on one island, transfers against raw
+ZeroMQ, parallel against sequential dispatch.
+
+    python -m benchmarks.mpmd [--quick] [--json benchmarks/results/mpmd.json]
+
+Four measurements, each side by side in one run:
+
+- pipeline: a 4-stage MLP, one stage per single-island slice (4 islands x 2 devices,
+  1F1B, 8 microbatches), against the same model trained as one data-parallel SPMD
+  program on one island of 8 devices (the paper's Table 2 / Fig. 10): steps per second
+  and the ratio. Beside it, the bubble measured from each stage's busy intervals in the
+  event log against the schedule's theoretical (S-1)/(M+S-1). All processes share this
+  machine's cores, so the stages' programs slow each other down where they overlap.
+- transfer: one 256 MiB array moved host to host between islands, against a raw
+  ZeroMQ PUSH/PULL copy of the same bytes over TCP loopback between two processes.
+- dispatch: a chain of 16 dependent programs alternating between two islands,
+  submitted without waiting (parallel) against waiting for each result before
+  submitting the next (sequential), as in the paper's Fig. 7.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import zmq
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from benchmarks._common import machine, summary, write
+
+STAGES = 4
+MICROBATCHES = 8
+
+
+def layer(p: dict[str, Any], x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ p["w"] + p["b"])
+
+
+def head(p: dict[str, Any], x: jax.Array) -> jax.Array:
+    return x @ p["w"] + p["b"]
+
+
+def mse(out: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean((out - y) ** 2)
+
+
+def init(width: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "w": (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32),
+            "b": np.zeros(width, np.float32),
+        }
+        for _ in range(STAGES)
+    ]
+
+
+def data(batch: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return (
+        rng.standard_normal((batch, width)).astype(np.float32),
+        rng.standard_normal((batch, width)).astype(np.float32),
+    )
+
+
+def spmd_step(opt: Any) -> Any:
+    stages = [layer] * (STAGES - 1) + [head]
+
+    def step(ps: list[Any], st: Any, x: jax.Array, y: jax.Array) -> Any:
+        def loss(qs: list[Any]) -> jax.Array:
+            h = x
+            for f, q in zip(stages, qs, strict=True):
+                h = f(q, h)
+            return mse(h, y)
+
+        v, g = jax.value_and_grad(loss)(ps)
+        upd, st = opt.update(g, st, ps)
+        return optax.apply_updates(ps, upd), st, v
+
+    return step
+
+
+def pipeline_vs_spmd(steps: int, batch: int, width: int) -> dict[str, Any]:
+    x, y = data(batch, width)
+    opt = optax.sgd(1e-3)
+    out: dict[str, Any] = {}
+    with (
+        pw.LocalCluster(islands=STAGES, devices_per_island=2, dashboard=False) as cluster,
+        pw.Client(cluster) as client,
+    ):
+        slices = [client.allocate({"data": 2}) for _ in range(STAGES)]
+        step = pw.pipeline(
+            [layer] * (STAGES - 1) + [head],
+            slices,
+            mse,
+            opt,
+            microbatches=MICROBATCHES,
+            schedule="1f1b",
+            batch_spec=P("data"),
+        )
+        params, state = step.init(init(width))
+        for _ in range(2):  # compile every program
+            params, state, loss = step(params, state, x, y)
+        float(loss)
+        bubbles = []
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            client.wait_all()
+            since = time.time()
+            params, state, loss = step(params, state, x, y)
+            float(loss)
+            client.wait_all()  # the last updates' end events
+            bubbles.append(step.bubble(client.events(since=since)))
+        pipe_s = (time.perf_counter() - t0) / steps
+        out["pipeline_steps_per_s"] = 1 / pipe_s
+        out["bubble_measured"] = statistics.median(b["mean"] for b in bubbles)
+        out["bubble_per_stage"] = {
+            str(s): statistics.median(b["per_stage"][s] for b in bubbles) for s in range(STAGES)
+        }
+        out["bubble_theoretical"] = bubbles[0]["theoretical"]
+    with (
+        pw.LocalCluster(islands=1, devices_per_island=2 * STAGES, dashboard=False) as cluster,
+        pw.Client(cluster) as client,
+    ):
+        vs = client.allocate({"data": 2 * STAGES})
+        params = [{k: vs.put(v, P()) for k, v in p.items()} for p in init(width)]
+        state = pw.jit(opt.init, slice=vs)(params)
+        train = pw.jit(spmd_step(opt), slice=vs, donate_argnums=(0, 1))
+        xr, yr = vs.put(x, P("data")), vs.put(y, P("data"))
+        for _ in range(2):
+            params, state, loss = train(params, state, xr, yr)
+        float(loss)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            params, state, loss = train(params, state, xr, yr)
+            float(loss)
+        spmd_s = (time.perf_counter() - t0) / steps
+        out["spmd_steps_per_s"] = 1 / spmd_s
+    out["ratio"] = out["pipeline_steps_per_s"] / out["spmd_steps_per_s"]
+    out["bubble_ratio"] = out["bubble_measured"] / out["bubble_theoretical"]
+    out["params"] = {
+        "stages": STAGES,
+        "microbatches": MICROBATCHES,
+        "batch": batch,
+        "width": width,
+        "steps": steps,
+        "schedule": "1f1b",
+    }
+    return out
+
+
+def raw_zmq_copy(nbytes: int, repeats: int) -> float:
+    """Seconds to send ``nbytes`` from this process to another over TCP loopback and
+    hear back that they all arrived."""
+    ctx = zmq.Context()
+    done = ctx.socket(zmq.PULL)
+    back = done.bind_to_random_port("tcp://127.0.0.1")
+    spawn = mp.get_context("spawn")
+    ready = spawn.Event()
+    port_q = spawn.Queue()
+    proc = spawn.Process(target=_raw_sink, args=(back, nbytes, repeats, ready, port_q))
+    proc.start()
+    port = port_q.get(timeout=60)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    ready.wait(60)
+    payload = np.ones(nbytes // 4, np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        push.send(memoryview(payload.data).cast("B"), copy=False)
+        done.recv()
+        times.append(time.perf_counter() - t0)
+    proc.join(60)
+    push.close(0)
+    done.close(0)
+    ctx.term()
+    return statistics.median(times)
+
+
+def _raw_sink(back: int, nbytes: int, repeats: int, ready: Any, port_q: Any) -> None:
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    ack = ctx.socket(zmq.PUSH)
+    ack.connect(f"tcp://127.0.0.1:{back}")
+    port_q.put(port)
+    ready.set()
+    for _ in range(repeats):
+        frame = pull.recv(copy=False)
+        # The receiving side of ours copies into device memory; so does this one.
+        np.frombuffer(frame.buffer, np.uint8).copy()
+        ack.send(b"")
+    pull.close(0)
+    ack.close(0)
+    ctx.term()
+
+
+def transfer(nbytes: int, repeats: int) -> dict[str, Any]:
+    with (
+        pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False) as cluster,
+        pw.Client(cluster) as client,
+    ):
+        a = client.allocate({"x": 2})
+        b = client.allocate({"x": 2})
+        x = a.put(np.ones((nbytes // 4 // 1024, 1024), np.float32), P("x"))
+        x.block_until_ready()
+        move = pw.jit(lambda v: v, slice=b, in_shardings=P("x"), out_shardings=P("x"))
+        times = []
+        for i in range(repeats + 1):
+            src = x if i == 0 else pw.jit(lambda v: v * 1.0, slice=a)(x)
+            src.block_until_ready()
+            t0 = time.perf_counter()
+            y = move(src)
+            y.block_until_ready()
+            if i:
+                times.append(time.perf_counter() - t0)
+            del y, src
+        ours = statistics.median(times)
+        ev = client.events()
+        moved = ev[(ev.program == "transfer") & (ev.kind == "end")]
+        assert len(moved) == repeats + 1, "every move is one transfer in the event log"
+    raw = raw_zmq_copy(nbytes, repeats)
+    return {
+        "bytes": nbytes,
+        "pathways_s": ours,
+        "pathways_gib_per_s": nbytes / ours / 2**30,
+        "raw_zmq_s": raw,
+        "raw_zmq_gib_per_s": nbytes / raw / 2**30,
+        "ratio": raw / ours,
+        "target_ratio": 0.7,
+    }
+
+
+def dispatch(chain: int, repeats: int, work: int) -> dict[str, Any]:
+    with (
+        pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False) as cluster,
+        pw.Client(cluster) as client,
+    ):
+        a = client.allocate({"x": 2})
+        b = client.allocate({"x": 2})
+
+        def body(v: jax.Array) -> jax.Array:
+            m = jnp.tanh(v @ v.T)
+            return v + 1e-3 * (m @ v)
+
+        fa = pw.jit(body, slice=a)
+        fb = pw.jit(body, slice=b)
+        x0 = a.put(np.ones((work, work), np.float32) / work, P())
+
+        def run(parallel: bool) -> float:
+            x = x0
+            t0 = time.perf_counter()
+            for i in range(chain):
+                x = (fa if i % 2 == 0 else fb)(x)
+                if not parallel:
+                    x.block_until_ready()
+            x.block_until_ready()
+            return time.perf_counter() - t0
+
+        run(True)
+        par = [run(True) for _ in range(repeats)]
+        seq = [run(False) for _ in range(repeats)]
+        # One program alone, for "about N program times".
+        one = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fa(x0).block_until_ready()
+            one.append(time.perf_counter() - t0)
+    return {
+        "chain": chain,
+        "matrix": work,
+        "parallel_s": summary(par),
+        "sequential_s": summary(seq),
+        "one_program_round_trip_s": statistics.median(one),
+        "speedup": statistics.median(seq) / statistics.median(par),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    ap.add_argument("--json", default="benchmarks/results/mpmd.json")
+    args = ap.parse_args(argv)
+    q = args.quick
+    result = {
+        "benchmark": "mpmd",
+        "machine": machine(),
+        "pipeline": pipeline_vs_spmd(
+            steps=2 if q else 10, batch=64 if q else 512, width=32 if q else 512
+        ),
+        "transfer": transfer(nbytes=(8 if q else 256) * 2**20, repeats=2 if q else 5),
+        "dispatch": dispatch(chain=16, repeats=2 if q else 5, work=64 if q else 256),
+    }
+    result["targets_met"] = {
+        "pipeline_ge_0.9x_spmd": result["pipeline"]["ratio"] >= 0.9,
+        "bubble_within_1.2x": result["pipeline"]["bubble_ratio"] <= 1.2,
+        "transfer_ge_0.7x_raw": result["transfer"]["ratio"] >= 0.7,
+        "parallel_dispatch_ahead": result["dispatch"]["speedup"] > 1.2,
+    }
+    write(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
