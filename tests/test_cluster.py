@@ -223,3 +223,25 @@ def test_core_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     assert result["chained"]["pathways_calls_per_s"]["median"] > 0
     assert result["chained"]["ratio"] > 0 and result["roundtrip"]["ratio"] > 0
     assert set(result["targets_met"]) == {"chained_ge_0.7x", "roundtrip_lt_1ms"}
+
+
+def test_mpmd_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "mpmd.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.mpmd", "--quick", "--json", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    result = json.loads(out.read_text())
+    pipe = result["pipeline"]
+    assert pipe["ratio"] > 0 and 0 <= pipe["bubble_measured"] < 1
+    assert set(pipe["bubble_per_stage"]) == {"0", "1", "2", "3"}
+    assert result["transfer"]["bytes"] == 8 * 2**20 and result["transfer"]["ratio"] > 0
+    assert set(result["dispatch"]["sizes"]) == {"16", "64", "256"}
+    assert set(result["targets_met"]) == {
+        "pipeline_ge_0.9x_spmd",
+        "bubble_within_1.2x",
+        "transfer_ge_0.7x_raw",
+        "parallel_dispatch_ahead",
+    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -180,27 +181,36 @@ class Executor:
     def submit(self, kind: str, body: Any) -> None:
         """Queue a work item; called by the host's socket thread.
 
-        A ``run`` whose program is compiled and whose inputs are all here runs at once on
-        the calling thread when nothing is queued or running before it: that saves a
-        thread hand-off per launch and keeps the order, which only this thread feeds.
+        When nothing is queued, running or parked before it, a ``run`` whose program is
+        compiled and whose inputs are all here runs at once on the calling thread, and a
+        ``send`` whose source is here, a ``recv`` or a ``drop`` is done at once: that
+        saves a thread hand-off per item and keeps the order, which only this thread feeds.
         """
+        now: Callable[[], None] | None = None
         if kind == "run":
             self._runs_received += 1
             ready = self._runnable_now(body)
             if ready is not None:
-                with self._cv:
-                    inline = not self._pending and not self._busy and not self._lot
-                    if inline:
-                        self._busy = True
+                now = functools.partial(self._run_planned, body, *ready)
+        elif kind == "send":
+            if self.store.get(body["src"]) is not None:
+                now = functools.partial(self._do_send, body)
+        elif kind in ("recv", "drop"):
+            now = functools.partial(getattr(self, f"_do_{kind}"), body)
+        if now is not None:
+            with self._cv:
+                inline = not self._pending and not self._busy and not self._lot
                 if inline:
-                    try:
-                        self._run_planned(body, *ready)
-                    finally:
-                        with self._cv:
-                            self._busy = False
-                            if self._pending:
-                                self._cv.notify()
-                    return
+                    self._busy = True
+            if inline:
+                try:
+                    now()
+                finally:
+                    with self._cv:
+                        self._busy = False
+                        if self._pending:
+                            self._cv.notify()
+                return
         with self._cv:
             self._pending.append((kind, body))
             self._cv.notify()

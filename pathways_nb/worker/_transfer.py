@@ -303,7 +303,7 @@ class Assembler:
         self._devices = devices
         self._make_mesh = make_mesh
         self._done = done
-        self._partial: dict[int, dict[int, Any]] = {}
+        self._partial: dict[int, dict[Index, np.ndarray]] = {}
         self._bytes: dict[int, int] = {}
 
     def piece(self, h: dict[str, Any], bufs: Sequence[Any]) -> None:
@@ -317,27 +317,29 @@ class Assembler:
             raise RemoteError("a transfer piece carries exactly one frame", kind="invalid")
         arr = np.frombuffer(bufs[0], dtype=np.dtype(h["piece_dtype"])).reshape(h["piece_shape"])
         got = self._partial.setdefault(handle, {})
-        for d in h["to"]:
-            dev = self._devices.get(int(d))
-            if dev is None:
-                raise RemoteError(
-                    f"transfer piece for device {d}, which is not on this host "
-                    f"(it has {sorted(self._devices)})",
-                    kind="invalid",
-                )
-            got[int(d)] = jax.device_put(arr, dev)
+        got[tuple(tuple(r) for r in h["region"])] = arr
         self._bytes[handle] = self._bytes.get(handle, 0) + arr.nbytes
-        if len(got) < len(h["devices"]):
+        if len(got) < int(h["pieces"]):
             return  # more pieces to come
         del self._partial[handle]
         nbytes = self._bytes.pop(handle)
+        for d in h["devices"]:
+            if int(d) not in self._devices:
+                raise RemoteError(
+                    f"a transfer for device {d}, which is not on this host "
+                    f"(it has {sorted(self._devices)})",
+                    kind="invalid",
+                )
         mesh = self._make_mesh(h["devices"], h["mesh"])
         sharding = jax.sharding.NamedSharding(mesh, decode_spec(h["spec"]))
         shape = tuple(int(n) for n in h["shape"])
         if h.get("key_impl"):
             shape = (*shape, *arr.shape[len(shape) :])
-        arrays = [got[int(d.id)] for d in mesh.devices.flat]
-        value = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+        # One call places every device's region; a piece several devices share (a
+        # replicated or partly replicated layout) arrived once.
+        value = jax.make_array_from_callback(
+            shape, sharding, lambda index: got[normalize(index or (), shape)]
+        )
         if h.get("key_impl"):
             value = jax.random.wrap_key_data(value, impl=h["key_impl"])
         self._done(h, value, None, nbytes)
