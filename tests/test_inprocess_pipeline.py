@@ -151,3 +151,19 @@ def test_schedules_order_each_stage_and_keep_dependencies() -> None:
     assert theoretical_bubble(4, 8) == pytest.approx(3 / 11)
     with pytest.raises(ValueError, match="schedule must be one of"):
         stage_orders(2, 2, "zigzag")
+
+
+def test_a_failure_in_stage_two_reaches_the_loss(four: pw.Client) -> None:
+    slices = [four.allocate({"data": 2}) for _ in range(4)]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    y = rng.standard_normal((16, 4)).astype(np.float32)
+    step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(1e-2), microbatches=4)
+    params, state = step.init(_params([8, 16, 16, 16, 4]))
+    four.inject_fault(slices[2], match="stage2:layer.fwd")
+    params, state, loss = step(params, state, x, y)
+    with pytest.raises(pw.RemoteError, match="injected fault") as info:
+        float(loss)
+    assert info.value.program == "stage2:layer.fwd"
+    for s in slices:
+        s.release()

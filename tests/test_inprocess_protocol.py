@@ -183,6 +183,23 @@ def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> 
         np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))
 
 
+def test_a_transfer_from_a_lost_host_fails_its_consumer_at_once() -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        a = client.allocate({"x": 2})
+        b = client.allocate({"x": 2})
+        x = a.put(np.ones(2, np.float32), P("x"))
+        slow = pw.jit(lambda v: v + 1, slice=a, name="slow")
+        slow(x).block_until_ready()
+        client.inject_fault(a, match="slow", kind="delay:3")
+        z = pw.jit(lambda v: v * 2, slice=b)(slow(x))  # parked on b, waiting for a
+        t0 = time.monotonic()
+        c.controller.host_lost(a.host, "test")
+        with pytest.raises(pw.DataLossError, match="lost"):
+            z.fetch()
+        assert time.monotonic() - t0 < 2.5  # well before the source could have sent it
+        client.wait_all(timeout=10)  # the transfer is accounted for, not left pending
+
+
 def test_a_compile_in_progress_on_a_lost_host_fails_instead_of_hanging() -> None:
     with pw.InProcessCluster(1, 2) as c, c.client() as client:
         vs = client.allocate({"x": 2})

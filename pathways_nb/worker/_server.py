@@ -341,6 +341,8 @@ class Host:
     def _arrived(self, h: dict[str, Any], value: Any, err: RemoteError | None, nbytes: int) -> None:
         """A transfer into this host finished: store it, tell the controller."""
         handle = h["handle"]
+        if self.store.get(handle) is not None:
+            return  # already failed: the controller gave up on this transfer (source lost)
         if err is None:
             self.store.set(handle, value, nbytes, ("transfer", h["source"]), ready=True)
         else:
