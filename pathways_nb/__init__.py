@@ -45,9 +45,10 @@ _LAZY = {
     "VersionMismatchError": "pathways_nb._core",
 }
 
-__all__ = sorted([*_LAZY, "__version__"])
+__all__ = sorted([*_LAZY, "__version__", "viz"])
 
 if TYPE_CHECKING:
+    from pathways_nb import viz
     from pathways_nb._core import (
         BrokenError,
         BusyError,
@@ -79,7 +80,24 @@ if TYPE_CHECKING:
     from pathways_nb.deploy import InProcessCluster, LocalCluster
 
 
+def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext pathways_nb``: the ``%pathways`` magics."""
+    from pathways_nb._magics import load_ipython_extension as load
+
+    load(ip)
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    from pathways_nb._magics import unload_ipython_extension as unload
+
+    unload(ip)
+
+
 def __getattr__(name: str) -> Any:
+    if name == "viz":
+        value = importlib.import_module("pathways_nb.viz")
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pathways_nb' has no attribute {name!r}")

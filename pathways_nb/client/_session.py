@@ -136,6 +136,11 @@ class Client(ProgramCalls):
             raise ClosedError("no open pathways client: create one with pw.Client(cluster)")
         return c
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (or the controller went away for good)."""
+        return self._closed
+
     def close(self) -> None:
         """Say goodbye (the controller frees this client's slices) and stop. Idempotent."""
         if self._closed:

@@ -240,6 +240,20 @@ class LocalCluster:
         with contextlib.suppress(Exception):
             self.close(timeout=5)
 
+    def _repr_html_(self) -> str:
+        import html
+
+        dash = (
+            f' · <a href="{html.escape(self.dashboard_link)}" target="_blank">Dask dashboard</a>'
+            if self.dashboard_link and not self._closed
+            else ""
+        )
+        state = "closed" if self._closed else html.escape(self.scheduler_address)
+        return (
+            f"<b>pathways_nb.LocalCluster</b>: {self.islands} islands x {self.devices_per_island} "
+            f"{html.escape(self.platform or 'local')} devices at <code>{state}</code>{dash}"
+        )
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.scheduler_address
         dash = f", dashboard {self.dashboard_link}" if self.dashboard_link else ""

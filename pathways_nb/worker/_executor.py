@@ -313,7 +313,14 @@ class Executor:
                 )
                 for i, s in enumerate(exp.in_shardings_jax(mesh))
             ]
-            fn = jax.jit(exp.call, in_shardings=in_sh, donate_argnums=donate)
+            out_sh = exp.out_shardings_jax(mesh)
+            # Known output layouts also fix the device count for programs without inputs.
+            kw = (
+                {"out_shardings": jax.tree.unflatten(exp.out_tree, list(out_sh))}
+                if all(s is not None for s in out_sh)
+                else {}
+            )
+            fn = jax.jit(exp.call, in_shardings=in_sh, donate_argnums=donate, **kw)
             avals = [
                 jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
                 for a, s in zip(exp.in_avals, in_sh, strict=True)

@@ -1,0 +1,259 @@
+"""Live widgets: timeline, dataflow graph, cluster status, device placement.
+
+Each is an anywidget whose JavaScript is bundled into the package (``static/``), so no
+network is needed to draw it. Live ones refresh from ``client.status()`` and the event
+log on a background thread at a bounded rate, so they keep moving while a cell trains,
+and never block the kernel's event loop. Outside a live kernel (nbconvert, GitHub) each
+shows an HTML fallback drawn in Python.
+"""
+
+from __future__ import annotations
+
+import html
+import pathlib
+import shutil
+import threading
+import time
+import weakref
+from typing import Any
+
+import anywidget
+import pandas as pd
+import traitlets
+
+from pathways_nb.client import Client, DataflowGraph
+from pathways_nb.viz._svg import timeline_svg
+from pathways_nb.viz._timeline import intervals, lanes, to_records, window
+
+_STATIC = pathlib.Path(__file__).parent / "static"
+
+
+class _Refresher:
+    """Calls ``widget.refresh()`` every ``interval`` seconds on a daemon thread until the
+    widget is closed or garbage, or ``stop()``. Start and stop are safe to call twice."""
+
+    def __init__(self, widget: Any, interval: float) -> None:
+        self._ref = weakref.ref(widget)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pw-viz-refresh", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        t, self._thread = self._thread, None
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            w = self._ref()
+            if w is None or w._closed:
+                return
+            try:
+                w.refresh()
+            except Exception as exc:  # the client closed: stop quietly, say why once
+                w.error = f"{type(exc).__name__}: {exc}"
+                return
+            del w
+
+
+class _Live(anywidget.AnyWidget):
+    """What the live widgets share: a client, a refresh thread, an error line."""
+
+    error = traitlets.Unicode("").tag(sync=True)
+    updated = traitlets.Float(0.0).tag(sync=True)
+
+    def __init__(self, client: Client | None, live: bool, interval: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._client = client or Client.current()
+        self._closed = False
+        if interval < 0.05:
+            raise ValueError(f"refresh interval must be at least 0.05 s; got {interval}")
+        self._refresher = _Refresher(self, interval)
+        self.refresh()
+        if live:
+            self._refresher.start()
+
+    def refresh(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop refreshing; the widget keeps its last picture."""
+        self._refresher.stop()
+
+    def close(self) -> None:
+        self._closed = True
+        self._refresher.stop()
+        super().close()
+
+    def _fallback_html(self) -> str:
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            data["text/html"] = self._fallback_html()
+        return bundle
+
+
+class TimelineWidget(_Live):
+    """Programs and transfers per slice over time, coloured by tenant; queueing shown as
+    a thin line from launch to start. ``last`` seconds of the log (``None``: all)."""
+
+    _esm = _STATIC / "timeline.js"
+    rows = traitlets.List(trait=traitlets.Dict()).tag(sync=True)
+    lanes = traitlets.List(trait=traitlets.Unicode()).tag(sync=True)
+    span_ms = traitlets.Float(0.0).tag(sync=True)
+
+    def __init__(
+        self,
+        client: Client | None = None,
+        last: float | None = None,
+        live: bool = True,
+        interval: float = 0.5,
+        max_rows: int = 2000,
+    ) -> None:
+        self.last = last
+        self.max_rows = max_rows
+        self._since = 0.0
+        self._events: pd.DataFrame | None = None
+        super().__init__(client, live, interval)
+
+    def refresh(self) -> None:
+        # Only new events cross the wire each time; the window is cut here.
+        ev = self._client.events(since=self._since)
+        if len(ev):
+            self._events = ev if self._events is None else pd.concat([self._events, ev])
+            self._events = self._events.drop_duplicates()
+            self._since = ev.time.max().timestamp() - 60.0  # late host timestamps
+        rows = intervals(self._events) if self._events is not None else intervals(None)
+        rows = window(rows, self.last, time.time() if self.last is not None else None)
+        rows = rows.tail(self.max_rows)
+        if self.last is not None and self._events is not None:
+            # Forget what fell out of the window for good.
+            cutoff = time.time() - max(self.last, 60.0) - 60.0
+            self._events = self._events[self._events.time.map(lambda v: v.timestamp()) > cutoff]
+        records = to_records(rows)
+        self.rows = records
+        self.lanes = lanes(rows)
+        self.span_ms = max((r["end"] or r["start"] for r in records), default=0.0)
+        self.updated = time.time()
+
+    def _fallback_html(self) -> str:
+        return timeline_svg(self.rows, self.lanes)
+
+
+class GraphWidget(anywidget.AnyWidget):
+    """A dataflow graph drawn from its DOT source by the bundled Graphviz (WASM)."""
+
+    _esm = _STATIC / "graph.js"
+    dot = traitlets.Unicode("").tag(sync=True)
+    nodes = traitlets.Int(0).tag(sync=True)
+    title = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, graph: DataflowGraph | str) -> None:
+        if isinstance(graph, DataflowGraph):
+            super().__init__(dot=graph.to_dot(), nodes=len(graph.nodes), title=repr(graph))
+        elif isinstance(graph, str):
+            super().__init__(dot=graph, nodes=graph.count("[label="), title="")
+        else:
+            raise TypeError(
+                f"GraphWidget draws a DataflowGraph or DOT source; got {type(graph).__name__}"
+            )
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            data["text/html"] = graph_html(self.dot, self.title)
+        return bundle
+
+
+def graph_html(dot: str, title: str = "") -> str:
+    """Static SVG from the ``dot`` binary when it is installed, else the DOT source."""
+    head = f"<p><code>{html.escape(title)}</code></p>" if title else ""
+    if shutil.which("dot"):
+        import graphviz
+
+        try:
+            return head + graphviz.Source(dot).pipe(format="svg").decode()
+        except (graphviz.ExecutableNotFound, graphviz.CalledProcessError):
+            pass
+    return head + f"<pre>{html.escape(dot)}</pre>"
+
+
+class StatusWidget(_Live):
+    """``client.status()`` as live tables: islands, slices, tenants and queues."""
+
+    _esm = _STATIC / "status.js"
+    html = traitlets.Unicode("").tag(sync=True)
+    summary = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(
+        self, client: Client | None = None, live: bool = True, interval: float = 1.0
+    ) -> None:
+        super().__init__(client, live, interval)
+
+    def refresh(self) -> None:
+        st = self._client.status()
+        self.summary = repr(st).splitlines()[0]
+        parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
+        for title, df in (
+            ("islands", st.islands),
+            ("slices", st.slices),
+            ("tenants", st.tenants),
+        ):
+            parts.append(f"<h4>{title}</h4>")
+            parts.append(df.to_html(index=False, border=0) if len(df) else "<p>none</p>")
+        self.html = "".join(parts)
+        self.updated = time.time()
+
+    def _fallback_html(self) -> str:
+        return self.html
+
+
+class DevicesWidget(_Live):
+    """The placement map: every device of every island, the slice that holds it and the
+    program that last ran there."""
+
+    _esm = _STATIC / "devices.js"
+    devices = traitlets.List(trait=traitlets.Dict()).tag(sync=True)
+
+    def __init__(
+        self, client: Client | None = None, live: bool = True, interval: float = 1.0
+    ) -> None:
+        super().__init__(client, live, interval)
+
+    def refresh(self) -> None:
+        st = self._client.status()
+        ev = self._client.events(since=time.time() - 30.0)
+        last: dict[str, str] = {}
+        if len(ev):
+            ran = ev[ev.kind.isin(["start", "end"]) & (ev.program != "transfer")]
+            for s, p in zip(ran.slice, ran.program, strict=True):
+                last[str(s)] = str(p)
+        names = dict(zip(st.slices.slice, st.slices.name, strict=True)) if len(st.slices) else {}
+        by_name = {v: k for k, v in names.items()}
+        rows = []
+        for d in st.devices.itertuples(index=False):
+            sid = by_name.get(d.slice, "")
+            rows.append(
+                {
+                    "island": d.island,
+                    "device": int(d.device),
+                    "slice": d.slice,
+                    "program": last.get(sid, "") if d.slice else "",
+                }
+            )
+        self.devices = rows
+        self.updated = time.time()
+
+    def _fallback_html(self) -> str:
+        df = pd.DataFrame(self.devices, columns=["island", "device", "slice", "program"])
+        return df.to_html(index=False, border=0)

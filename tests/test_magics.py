@@ -1,0 +1,96 @@
+"""``%pathways`` in a real IPython shell."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.io import capture_output
+
+import pathways_nb as pw
+from pathways_nb._magics import PathwaysMagics
+from pathways_nb.viz import DevicesWidget, GraphWidget, StatusWidget, TimelineWidget
+
+
+@pytest.fixture(scope="module")
+def ip(cluster: pw.InProcessCluster) -> Iterator[Any]:
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "pathways_nb")
+    magics = shell.magics_manager.registry["PathwaysMagics"]
+    assert isinstance(magics, PathwaysMagics)
+    # `%pathways connect` to the in-process controller, as it would to a scheduler address.
+    magics.session.client = cluster.client()
+    shell.user_ns["pw"] = pw
+    yield shell
+    magics.session.stop()
+
+
+def test_help_and_usage_errors(ip: Any) -> None:
+    with capture_output() as out:
+        ip.run_line_magic("pathways", "")
+    assert "%pathways start" in out.stdout and "%%pathways --slice" in out.stdout
+    with capture_output() as out:
+        ip.run_line_magic("pathways", "frobnicate")
+    assert "UsageError: unknown command 'frobnicate'" in out.stdout
+    with capture_output() as out:
+        ip.run_line_magic("pathways", "timeline --last soon")
+    assert "UsageError: a duration is a number" in out.stdout
+    with capture_output() as out:
+        ip.run_line_magic("pathways", "graph 1 +")
+    assert "UsageError: graph takes a Python call" in out.stdout
+
+
+def test_status_devices_timeline_and_graph(ip: Any) -> None:
+    ip.run_cell(
+        "vs = pw.Client.current().allocate({'x': 2}, name='train')\n"
+        "import numpy as np, jax.numpy as jnp\n"
+        "from jax.sharding import PartitionSpec as P\n"
+        "f = pw.jit(lambda v: jnp.sin(v) + 1, slice=vs, name='f')\n"
+        "x = vs.put(np.ones(4, np.float32), P('x'))\n"
+        "y = f(x); y.block_until_ready()\n"
+    )
+    status = ip.run_line_magic("pathways", "status --static")
+    assert isinstance(status, StatusWidget) and "train" in status.html
+    devices = ip.run_line_magic("pathways", "devices --static")
+    assert isinstance(devices, DevicesWidget)
+    assert any(d["slice"] == "train" and d["program"] == "f" for d in devices.devices)
+    tl = ip.run_line_magic("pathways", "timeline --last 60s --static")
+    assert isinstance(tl, TimelineWidget) and any(r["name"] == "f" for r in tl.rows)
+    g = ip.run_line_magic("pathways", "graph f(x)")
+    assert isinstance(g, GraphWidget) and g.nodes == 2 and "f" in g.dot
+    for w in (status, devices, tl):
+        w.close()
+
+
+def test_cell_magic_sets_the_default_slice(ip: Any) -> None:
+    ip.run_cell("other = pw.Client.current().allocate({'x': 2}, name='other')")
+    ip.run_cell_magic(
+        "pathways", "--slice other", "z = pw.jit(lambda: jnp.arange(3.0))()\nzs = z.slice.name\n"
+    )
+    assert ip.user_ns["zs"] == "other"
+    assert np.allclose(np.asarray(ip.user_ns["z"]), [0.0, 1.0, 2.0])
+    with capture_output() as out:
+        ip.run_cell_magic("pathways", "--slice nowhere", "1")
+    assert "no slice named 'nowhere'" in out.stdout and "name=" in out.stdout
+
+
+def test_trace_writes_perfetto_json(ip: Any, tmp_path: Path) -> None:
+    path = tmp_path / "step.json"
+    with capture_output() as out:
+        ip.run_line_magic("pathways", f"trace {path}")
+    assert "perfetto" in out.stdout
+    doc = json.loads(path.read_text())
+    assert any(e.get("name") == "f" and e["ph"] == "X" for e in doc["traceEvents"])
+
+
+def test_commands_before_a_cluster_say_how_to_start_one() -> None:
+    shell = start_ipython()
+    m = PathwaysMagics(shell)
+    with capture_output() as out:
+        m.pathways("status")
+    assert "%pathways start" in out.stdout and "%pathways connect" in out.stdout

@@ -1,0 +1,139 @@
+"""Timelines, traces and widgets, drawn from a real event log (in-process cluster)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb.viz import (
+    DevicesWidget,
+    GraphWidget,
+    StatusWidget,
+    TimelineWidget,
+    intervals,
+    parse_duration,
+    trace_events,
+)
+
+
+@pytest.fixture
+def ran(client: pw.Client) -> pw.Client:
+    """Programs on two slices joined by a transfer, finished."""
+    a = client.allocate({"x": 2}, name="enc")
+    b = client.allocate({"x": 2}, name="dec")
+    enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
+    dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
+    x = a.put(np.ones((4, 4), np.float32), P("x"))
+    for _ in range(3):
+        float(dec(enc(x)))
+    client.wait_all()
+    return client
+
+
+def test_intervals_pair_launch_start_and_end_of_programs_and_transfers(ran: pw.Client) -> None:
+    rows = intervals(ran.events())
+    progs = rows[rows.kind == "program"]
+    moves = rows[rows.kind == "transfer"]
+    assert sorted(set(progs.name)) == ["decode", "encode"] and len(progs) == 6
+    assert len(moves) == 3  # each call's encoded array moves to the decoder's slice
+    assert (rows.launch <= rows.start + 1e-3).all() and (rows.start <= rows.end).all()
+    m = moves.iloc[0]
+    assert m.source != m.host and m.bytes == 4 * 4 * 4
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("5s") == 5.0 and parse_duration("250ms") == 0.25
+    assert parse_duration("2m") == 120.0 and parse_duration("1.5") == 1.5
+    with pytest.raises(ValueError, match=r"e\.g\. 5s or 250ms"):
+        parse_duration("five seconds")
+
+
+def test_the_trace_is_valid_trace_event_json(ran: pw.Client, tmp_path: Path) -> None:
+    doc = trace_events(ran.events())
+    events = doc["traceEvents"]
+    json.dumps(doc)  # serializable
+    complete = [e for e in events if e["ph"] == "X"]
+    for e in events:
+        assert {"ph", "pid"} <= set(e)
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], float) and {"name", "tid"} <= set(e)
+    assert all(e["dur"] >= 0 for e in complete)
+    names = {e["name"] for e in complete}
+    assert {"encode", "decode", "transfer"} <= names
+    flows = [e for e in events if e["ph"] in ("s", "f")]
+    assert len(flows) == 6
+    starts = {e["id"]: e for e in flows if e["ph"] == "s"}
+    for e in flows:
+        if e["ph"] == "f":  # from the source host to the destination
+            assert starts[e["id"]]["pid"] != e["pid"] and starts[e["id"]]["ts"] <= e["ts"]
+    assert any(e["ph"] == "b" and e["cat"] == "queued" for e in events)
+    names_meta = [e["args"]["name"] for e in events if e["ph"] == "M"]
+    assert any(n.startswith("slice") for n in names_meta)
+    path = pw.viz.write_trace(ran.events(), tmp_path / "step.json")
+    assert json.loads(Path(path).read_text()) == json.loads(json.dumps(doc))
+
+
+def test_timeline_widget_state_and_fallback(ran: pw.Client) -> None:
+    w = TimelineWidget(ran, live=False)
+    state = w.get_state()
+    assert len(state["rows"]) == 9 and state["lanes"] == sorted(state["lanes"])
+    assert {r["kind"] for r in state["rows"]} == {"program", "transfer"}
+    bundle = w._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert data["text/html"].count("<rect") == 9
+    js = (Path(pw.viz.__file__).parent / "static" / "timeline.js").read_text()
+    assert "queued" in js and "http" not in js.replace("http://www.w3.org", "")
+
+
+def test_a_live_timeline_moves_while_a_loop_runs(client: pw.Client) -> None:
+    vs = client.allocate({"x": 2})
+    f = pw.jit(lambda v: v + 1.0, slice=vs, name="tick")
+    x = vs.put(np.zeros(2, np.float32), P("x"))
+    w = TimelineWidget(client, last=30.0, interval=0.05)
+    try:
+        seen = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(seen) < 3:
+            x = f(x)
+            x.block_until_ready()
+            n = len(w.rows)
+            if not seen or n > seen[-1]:
+                seen.append(n)
+        # It refreshed on its own thread, several times, while this loop kept running.
+        assert len(seen) >= 3 and seen == sorted(seen)
+    finally:
+        w.close()
+    assert w._refresher._thread is None
+
+
+def test_status_and_devices_widgets(ran: pw.Client) -> None:
+    s = StatusWidget(ran, live=False)
+    assert "<table" in s.html and "enc" in s.html and s.summary.startswith("pathways_nb cluster")
+    d = DevicesWidget(ran, live=False)
+    held = [x for x in d.devices if x["slice"]]
+    assert {x["slice"] for x in held} == {"enc", "dec"}
+    assert {x["program"] for x in held} == {"encode", "decode"}
+    assert "<table" in d._fallback_html()
+
+
+def test_graph_widget(ran: pw.Client) -> None:
+    a = ran.allocate({"x": 2})
+    b = ran.allocate({"x": 2})
+    enc = pw.jit(lambda v: v * 2, slice=a, name="encode")
+    dec = pw.jit(lambda v: v + 1, slice=b, name="decode")
+    x = a.put(np.ones(4, np.float32), P("x"))
+    w = GraphWidget(ran.graph(lambda v: dec(enc(v)), x))
+    assert w.nodes == 3 and w.dot.startswith("digraph")
+    bundle = w._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert "digraph" in data["text/html"] or "<svg" in data["text/html"]
+    with pytest.raises(TypeError, match="DataflowGraph or DOT"):
+        GraphWidget(42)  # type: ignore[arg-type]
