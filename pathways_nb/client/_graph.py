@@ -200,19 +200,19 @@ class DataflowGraph:
             lines.append(f'    label="slice {_esc(sname)} ({_esc(island)})";')
             for n in nodes:
                 shape = "box" if n.kind == "program" else "ellipse"
-                label = n.name
+                parts = [n.name]
                 t = self._times.get(n.lid)
                 if t is not None:
-                    label += f"\\n{1e3 * (t[1] - t[0]):.2f} ms"
-                lines.append(f'    n{n.id} [label="{_esc(label)}", shape={shape}];')
+                    parts.append(f"{1e3 * (t[1] - t[0]):.2f} ms")
+                lines.append(f'    n{n.id} [label="{_label(parts)}", shape={shape}];')
             lines.append("  }")
         for e in self._edges:
-            label = f"{e.dtype}{list(e.shape)} {e.spec}"
+            parts = [f"{e.dtype}{list(e.shape)} {e.spec}"]
             style = ""
             if e.kind == "transfer":
-                label += f"\\n{e.from_slice}→{e.to_slice} {_human(e.bytes)}"
+                parts.append(f"{e.from_slice}→{e.to_slice} {_human(e.bytes)}")
                 style = ", style=dashed, color=blue"
-            lines.append(f'  n{e.src} -> n{e.dst} [label="{_esc(label)}"{style}];')
+            lines.append(f'  n{e.src} -> n{e.dst} [label="{_label(parts)}"{style}];')
         lines.append("}")
         return "\n".join(lines)
 
@@ -224,6 +224,11 @@ class DataflowGraph:
             f"{slices}, {len(self._edges)} edges, {self.transfers} transfers "
             f"({_human(moved)} moved)>"
         )
+
+
+def _label(lines: list[str]) -> str:
+    """A DOT label of several lines, each escaped."""
+    return "\\n".join(_esc(x) for x in lines)
 
 
 def _esc(s: str) -> str:

@@ -1,0 +1,173 @@
+"""JupyterLab really draws the widgets: a real server, a real kernel, Debian's Chromium.
+
+The notebook below runs programs on an in-process cluster inside the kernel, then shows
+the dataflow-graph widget and the timeline widget. The browser must draw one SVG node
+per graph node (bundled Graphviz, no network) and one bar per program and transfer in
+the timeline. Screenshots are kept under ``tests/artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+CELLS = [
+    "import os\n"
+    "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'\n"
+    "os.environ['JAX_PLATFORMS'] = 'cpu'\n"
+    "import numpy as np, jax.numpy as jnp\n"
+    "from jax.sharding import PartitionSpec as P\n"
+    "import pathways_nb as pw\n"
+    "cluster = pw.InProcessCluster(islands=2, devices_per_island=2)\n"
+    "client = cluster.client()\n"
+    "a = client.allocate({'x': 2}, name='enc')\n"
+    "b = client.allocate({'x': 2}, name='dec')\n"
+    "enc = pw.jit(lambda v: jnp.tanh(v) * 2, slice=a, name='encode')\n"
+    "dec = pw.jit(lambda v: v.sum(), slice=b, name='decode')\n"
+    "x = a.put(np.ones((4, 4), np.float32), P('x'))\n"
+    "for _ in range(3):\n"
+    "    float(dec(enc(x)))\n"
+    "client.wait_all()",
+    "g = pw.viz.GraphWidget(client.graph(lambda v: dec(enc(v)), x))\n"
+    "print('graph nodes', g.nodes)\n"
+    "g",
+    "t = pw.viz.timeline(client, live=False)\nprint('timeline rows', len(t.rows))\nt",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    root = tmp_path_factory.mktemp("lab")
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": c,
+                "outputs": [],
+                "execution_count": None,
+            }
+            for c in CELLS
+        ],
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (root / "widgets.ipynb").write_text(json.dumps(nb))
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.token=",
+            "--ServerApp.password=",
+            "--ServerApp.allow_root=True",
+            "--ServerApp.disable_check_xsrf=True",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "server.log", "wb"),
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail("jupyter lab did not start:\n" + (root / "server.log").read_text()[-3000:])
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_jupyterlab_draws_the_graph_and_the_timeline(lab: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{lab}/lab/tree/widgets.ipynb", timeout=90_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            page.wait_for_selector(
+                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000
+            )
+            page.get_by_role("menuitem", name="Run").first.click()
+            page.locator("li[data-command='runmenu:run-all']").click()
+            page.wait_for_selector(".jp-OutputArea-output >> text=timeline rows", timeout=180_000)
+            graph_nodes = _printed(page, "graph nodes")
+            rows = _printed(page, "timeline rows")
+            page.wait_for_function(
+                f"document.querySelectorAll('.pw-graph svg g.node').length === {graph_nodes}",
+                timeout=60_000,
+            )
+            page.wait_for_function(
+                f"document.querySelectorAll('.pw-timeline svg rect').length === {rows}",
+                timeout=60_000,
+            )
+            assert graph_nodes == 3 and rows == 9
+            assert page.locator(".pw-graph svg g.edge").count() == 2
+            assert page.locator(".pw-timeline svg rect.transfer").count() == 3
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "lab-widgets.png"), full_page=True)
+            browser.close()
+
+
+def _printed(page: object, label: str) -> int:
+    """A number the notebook printed after ``label``."""
+    texts = page.locator(".jp-OutputArea-output").all_inner_texts()  # type: ignore[attr-defined]
+    for text in texts:
+        if label in text:
+            return int(text.split(label)[1].split()[0])
+    raise AssertionError(f"{label!r} not in the outputs: {texts}")
