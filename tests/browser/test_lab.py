@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,44 +80,45 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     }
     (root / "widgets.ipynb").write_text(json.dumps(nb))
     port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            f"--port={port}",
-            "--ServerApp.ip=127.0.0.1",
-            "--ServerApp.token=",
-            "--ServerApp.password=",
-            "--ServerApp.allow_root=True",
-            "--ServerApp.disable_check_xsrf=True",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(root / "server.log", "wb"),
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+    log_path = tmp_path_factory.mktemp("lab-log") / "server.log"
+    command = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.ip=127.0.0.1",
+        "--ServerApp.token=",
+        "--ServerApp.password=",
+        "--ServerApp.allow_root=True",
+        "--ServerApp.disable_check_xsrf=True",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+        )
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        pytest.fail("jupyter lab did not start:\n" + (root / "server.log").read_text()[-3000:])
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+            deadline = time.monotonic() + 90
+            while True:  # until the server accepts connections
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=1):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        pytest.fail("jupyter lab did not start:\n" + log_path.read_text()[-3000:])
+                    time.sleep(0.3)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def test_jupyterlab_draws_the_graph_and_the_timeline(lab: str) -> None:
@@ -143,8 +145,7 @@ def test_jupyterlab_draws_the_graph_and_the_timeline(lab: str) -> None:
             page.wait_for_selector(
                 ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000
             )
-            page.get_by_role("menuitem", name="Run").first.click()
-            page.locator("li[data-command='runmenu:run-all']").click()
+            _run_all(page)
             page.wait_for_selector(".jp-OutputArea-output >> text=timeline rows", timeout=180_000)
             graph_nodes = _printed(page, "graph nodes")
             rows = _printed(page, "timeline rows")
@@ -162,6 +163,29 @@ def test_jupyterlab_draws_the_graph_and_the_timeline(lab: str) -> None:
         finally:
             page.screenshot(path=str(ARTIFACTS / "lab-widgets.png"), full_page=True)
             browser.close()
+
+
+def _run_all(page: Any) -> None:
+    """Run > Run All Cells, once the notebook has focus and the command is enabled; again
+    if no cell started (the menu can open before the notebook is current)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(3):
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.get_by_role("menuitem", name="Run").first.click()
+        item = page.locator("li[data-command='runmenu:run-all']:not(.lm-mod-disabled)")
+        item.wait_for(timeout=30_000)
+        item.click()
+        try:
+            page.wait_for_function(
+                "[...document.querySelectorAll('.jp-InputPrompt')]"
+                ".some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))",
+                timeout=15_000,
+            )
+            return
+        except PlaywrightTimeout:  # the menu opened too early: open it again
+            page.keyboard.press("Escape")
+    raise AssertionError("Run All Cells did not start the notebook")
 
 
 def _printed(page: object, label: str) -> int:
