@@ -148,6 +148,14 @@ class TimelineWidget(_Live):
     def _fallback_html(self) -> str:
         return timeline_svg(self.rows, self.lanes)
 
+    def __repr__(self) -> str:
+        kinds = [r["kind"] for r in self.rows]
+        window = "all of the log" if self.last is None else f"the last {self.last:g} s"
+        return (
+            f"<TimelineWidget: {kinds.count('program')} programs and {kinds.count('transfer')} "
+            f"transfers on {len(self.lanes)} slices over {self.span_ms:.1f} ms ({window})>"
+        )
+
 
 class GraphWidget(anywidget.AnyWidget):
     """A dataflow graph drawn from its DOT source by the bundled Graphviz (WASM)."""
@@ -173,6 +181,9 @@ class GraphWidget(anywidget.AnyWidget):
         if isinstance(data, dict):
             data["text/html"] = graph_html(self.dot, self.title)
         return bundle
+
+    def __repr__(self) -> str:
+        return f"<GraphWidget: {self.title or f'{self.nodes} nodes'}>"
 
 
 def graph_html(dot: str, title: str = "") -> str:
@@ -217,6 +228,9 @@ class StatusWidget(_Live):
     def _fallback_html(self) -> str:
         return self.html
 
+    def __repr__(self) -> str:
+        return f"<StatusWidget: {self.summary}>"
+
 
 class DevicesWidget(_Live):
     """The placement map: every device of every island, the slice that holds it and the
@@ -257,3 +271,7 @@ class DevicesWidget(_Live):
     def _fallback_html(self) -> str:
         df = pd.DataFrame(self.devices, columns=["island", "device", "slice", "program"])
         return df.to_html(index=False, border=0)
+
+    def __repr__(self) -> str:
+        held = sum(1 for d in self.devices if d["slice"])
+        return f"<DevicesWidget: {len(self.devices)} devices, {held} held by slices>"
