@@ -412,10 +412,23 @@ class Client(ProgramCalls):
         """A snapshot of the cluster: islands, devices, slices, tenants."""
         return Status.from_reply(self._ask({"t": "status"})["status"])
 
-    def events(self, since: float = 0.0, all_tenants: bool = False) -> Any:
-        """The event log as a pandas DataFrame (launch/start/end/... with host and times)."""
-        h = self._ask({"t": "events", "since": float(since), "all": bool(all_tenants)})
-        return events_frame(h["events"])
+    def events(
+        self, since: float = 0.0, all_tenants: bool = False, after: int | None = None
+    ) -> Any:
+        """The event log as a pandas DataFrame (launch/start/end/... with host and times).
+
+        ``since`` keeps events at or after that time (seconds since the epoch). For
+        following the log as it grows, pass ``after=0`` and then each time the number in
+        ``df.attrs["next"]``: only events logged since the last call come back.
+        """
+        header: dict[str, Any] = {"t": "events", "since": float(since), "all": bool(all_tenants)}
+        if after is not None:
+            header["after"] = int(after)
+        h = self._ask(header)
+        df = events_frame(h["events"])
+        if "next" in h:
+            df.attrs["next"] = int(h["next"])
+        return df
 
     def inject_fault(self, where: VirtualSlice | str, match: str = "", kind: str = "error") -> None:
         """Test hook: the next program whose name contains ``match`` on that host fails.

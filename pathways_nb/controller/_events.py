@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from typing import Any
 
@@ -52,6 +53,21 @@ class EventLog:
             list(ev) for ev in self._ring if ev[0] >= t and (tenant is None or ev[2] in (0, tenant))
         ]
         return out[-limit:]
+
+    def after(
+        self, seq: int, tenant: int | None = None, limit: int = 100_000
+    ) -> tuple[list[list[Any]], int]:
+        """Events logged after the ``seq``-th (oldest first), and the number to ask with
+        next time. Events are numbered in the order they were logged, from 0; those that
+        fell off the ring are gone."""
+        first = self.total - len(self._ring)  # the number of the oldest event kept
+        start = max(0, seq - first)
+        out = [
+            list(ev)
+            for ev in itertools.islice(self._ring, start, None)
+            if tenant is None or ev[2] in (0, tenant)
+        ]
+        return out[-limit:], self.total
 
     def __len__(self) -> int:
         return len(self._ring)

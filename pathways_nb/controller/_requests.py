@@ -278,7 +278,12 @@ class ClientRequests:
 
     def _c_events(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         tenant = None if h.get("all") else t.tenant
-        self._reply(t, h["rid"], events=self.events.since(float(h["since"]), tenant))
+        after = h.get("after")
+        if isinstance(after, int) and not isinstance(after, bool):
+            events, nxt = self.events.after(after, tenant)
+            self._reply(t, h["rid"], events=events, next=nxt)
+        else:
+            self._reply(t, h["rid"], events=self.events.since(float(h["since"]), tenant))
 
     def _c_probe(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         s = self.rm.active(h["slice"], t.tenant)

@@ -7,6 +7,7 @@ the timeline widget, its HTML fallback and the Perfetto export draw the same thi
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pandas as pd
@@ -27,10 +28,10 @@ COLUMNS = [
     "failed",
 ]
 
-_TRANSFER = re.compile(r"^(?P<src>\S+)→(?P<dst>\S+)(?: (?P<bytes>\d+) B)?")
+_TRANSFER = r"^(?P<src>\S+)→(?P<dst>\S+)(?: (?P<bytes>\d+) B)?"
 
 
-def intervals(events: pd.DataFrame) -> pd.DataFrame:
+def intervals(events: pd.DataFrame | None) -> pd.DataFrame:
     """One row per launch that started: when it was submitted, started and ended.
 
     A launch still running has ``end`` NaN; one never started is left out.
@@ -38,36 +39,40 @@ def intervals(events: pd.DataFrame) -> pd.DataFrame:
     if events is None or len(events) == 0:
         return pd.DataFrame(columns=COLUMNS)
     ev = events[events.lid > 0]
-    t = ev.time.map(lambda v: v.timestamp()) if len(ev) else ev.time
-    ev = ev.assign(t=t)
+    ev = ev.assign(t=ev.time.astype("int64") / 1e9)
     launch = ev[ev.kind == "launch"].drop_duplicates("lid").set_index("lid")
     start = ev[ev.kind == "start"].drop_duplicates("lid").set_index("lid")
     end = ev[ev.kind.isin(["end", "error"])].drop_duplicates("lid").set_index("lid")
-    rows = []
-    for lid, s in start.iterrows():
-        e = end.loc[lid] if lid in end.index else None
-        la = launch.loc[lid] if lid in launch.index else None
-        detail = str(e.detail) if e is not None else (str(la.detail) if la is not None else "")
-        m = _TRANSFER.match(detail)
-        is_transfer = s.program == "transfer"
-        rows.append(
-            {
-                "lid": int(lid),
-                "tenant": int(s.tenant),
-                "kind": "transfer" if is_transfer else "program",
-                "name": str(s.program),
-                "slice": str(s.slice),
-                "island": str(s.island),
-                "host": str(s.host),
-                "source": m.group("src") if (is_transfer and m) else "",
-                "bytes": int(m.group("bytes")) if (is_transfer and m and m.group("bytes")) else 0,
-                "launch": float(la.t) if la is not None else float(s.t),
-                "start": float(s.t),
-                "end": float(e.t) if e is not None else float("nan"),
-                "failed": bool(e is not None and e.kind == "error"),
-            }
-        )
-    out = pd.DataFrame(rows, columns=COLUMNS)
+    if len(start) == 0:
+        return pd.DataFrame(columns=COLUMNS)
+    df = start[["tenant", "program", "slice", "island", "host", "t"]].join(
+        launch[["t", "detail"]].rename(columns={"t": "launch", "detail": "launch_detail"})
+    )
+    df = df.join(end[["t", "kind", "detail"]].rename(columns={"t": "end", "kind": "end_kind"}))
+    is_transfer = df.program == "transfer"
+    detail = df.detail.where(df.detail.notna(), df.launch_detail).fillna("").astype(str)
+    parsed = detail.str.extract(_TRANSFER)
+    out = pd.DataFrame(
+        {
+            "lid": df.index.astype("int64"),
+            "tenant": df.tenant.astype("int64").to_numpy(),
+            "kind": is_transfer.map({True: "transfer", False: "program"}).to_numpy(),
+            "name": df.program.astype(str).to_numpy(),
+            "slice": df.slice.astype(str).to_numpy(),
+            "island": df.island.astype(str).to_numpy(),
+            "host": df.host.astype(str).to_numpy(),
+            "source": parsed.src.where(is_transfer, "").fillna("").to_numpy(),
+            "bytes": pd.to_numeric(parsed.bytes.where(is_transfer), errors="coerce")
+            .fillna(0)
+            .astype("int64")
+            .to_numpy(),
+            "launch": df.launch.fillna(df.t).astype(float).to_numpy(),
+            "start": df.t.astype(float).to_numpy(),
+            "end": df.end.astype(float).to_numpy(),
+            "failed": (df.end_kind == "error").to_numpy(),
+        },
+        columns=COLUMNS,
+    )
     return out.sort_values(["start", "lid"]).reset_index(drop=True)
 
 
@@ -125,3 +130,103 @@ def to_records(rows: pd.DataFrame, t0: float | None = None) -> list[dict[str, An
             }
         )
     return out
+
+
+class Tracker:
+    """Follows the event log incrementally: each :meth:`add` costs only the new events,
+    each :meth:`records` only the launches in the window. For live widgets."""
+
+    def __init__(self, horizon: float | None, max_rows: int) -> None:
+        self.horizon = horizon  # seconds of history kept (None: up to max_rows)
+        self.max_rows = max_rows
+        self._recs: dict[int, dict[str, Any]] = {}
+
+    def add(self, events: pd.DataFrame) -> None:
+        if events is None or len(events) == 0:
+            return
+        # Plain Python values: numpy scalars make every later step slower.
+        times = (events.time.astype("int64").to_numpy() / 1e9).tolist()
+        cols = zip(
+            events.lid.tolist(),
+            events.kind.tolist(),
+            times,
+            events.tenant.tolist(),
+            events.program.tolist(),
+            events.slice.tolist(),
+            events.island.tolist(),
+            events.host.tolist(),
+            events.detail.tolist(),
+            strict=True,
+        )
+        for lid, kind, t, tenant, program, slice_, island, host, detail in cols:
+            if lid <= 0 or kind not in ("launch", "start", "end", "error"):
+                continue
+            r = self._recs.get(lid)
+            if r is None:
+                r = self._recs[lid] = {"lid": int(lid), "launch": None, "start": None, "end": None}
+            if kind == "launch":
+                r["launch"] = t
+            elif kind == "start":
+                r.update(
+                    tenant=int(tenant),
+                    name=str(program),
+                    lane=f"{island}/{slice_}",
+                    host=str(host),
+                    start=t,
+                )
+            else:
+                r["end"] = t
+                r["failed"] = kind == "error"
+            if program == "transfer" and detail:
+                m = re.match(_TRANSFER, str(detail))
+                if m:
+                    r["source"] = m.group("src")
+                    if m.group("bytes"):
+                        r["bytes"] = int(m.group("bytes"))
+        self._trim()
+
+    def _trim(self) -> None:
+        if self.horizon is not None:
+            cutoff = time.time() - self.horizon
+            old = [k for k, r in self._recs.items() if r["end"] is not None and r["end"] < cutoff]
+            for k in old:
+                del self._recs[k]
+        excess = len(self._recs) - 3 * self.max_rows
+        if excess > 0:
+            for k in list(self._recs)[:excess]:
+                del self._recs[k]
+
+    def records(self, last: float | None) -> tuple[list[dict[str, Any]], list[str]]:
+        """The started launches overlapping the last ``last`` seconds, times in ms."""
+        now = time.time()
+        t0 = now - last if last is not None else float("-inf")
+        rows = [
+            r
+            for r in self._recs.values()
+            if r["start"] is not None and (r["end"] is None or r["end"] >= t0)
+        ]
+        rows.sort(key=lambda r: (r["start"], r["lid"]))
+        rows = rows[-self.max_rows :]
+        if not rows:
+            return [], []
+        base = min((r["launch"] or r["start"]) for r in rows)
+        out = []
+        for r in rows:
+            out.append(
+                {
+                    "lid": r["lid"],
+                    "tenant": r["tenant"],
+                    "kind": "transfer" if r["name"] == "transfer" else "program",
+                    "name": r["name"],
+                    "lane": r["lane"],
+                    "host": r["host"],
+                    "source": r.get("source", ""),
+                    "bytes": r.get("bytes", 0),
+                    "launch": round(((r["launch"] or r["start"]) - base) * 1e3, 3),
+                    "start": round((r["start"] - base) * 1e3, 3),
+                    "end": None if r["end"] is None else round((r["end"] - base) * 1e3, 3),
+                    "failed": bool(r.get("failed", False)),
+                }
+            )
+        lanes_ = sorted({r["lane"] for r in out})
+        return out, lanes_

@@ -23,7 +23,7 @@ import traitlets
 
 from pathways_nb.client import Client, DataflowGraph
 from pathways_nb.viz._svg import timeline_svg
-from pathways_nb.viz._timeline import intervals, lanes, to_records, window
+from pathways_nb.viz._timeline import Tracker
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -107,8 +107,9 @@ class TimelineWidget(_Live):
     a thin line from launch to start. ``last`` seconds of the log (``None``: all)."""
 
     _esm = _STATIC / "timeline.js"
-    rows = traitlets.List(trait=traitlets.Dict()).tag(sync=True)
-    lanes = traitlets.List(trait=traitlets.Unicode()).tag(sync=True)
+    # Plain lists: validating each row would cost more than drawing it.
+    rows: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    lanes: traitlets.List[Any] = traitlets.List().tag(sync=True)
     span_ms = traitlets.Float(0.0).tag(sync=True)
 
     def __init__(
@@ -116,33 +117,27 @@ class TimelineWidget(_Live):
         client: Client | None = None,
         last: float | None = None,
         live: bool = True,
-        interval: float = 0.5,
-        max_rows: int = 2000,
+        interval: float = 1.0,
+        max_rows: int = 1000,
     ) -> None:
         self.last = last
         self.max_rows = max_rows
-        self._since = 0.0
-        self._events: pd.DataFrame | None = None
+        self._cursor = 0
+        horizon = None if last is None else last + 10.0
+        self._tracker = Tracker(horizon, max_rows)
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        # Only new events cross the wire each time; the window is cut here.
-        ev = self._client.events(since=self._since)
-        if len(ev):
-            self._events = ev if self._events is None else pd.concat([self._events, ev])
-            self._events = self._events.drop_duplicates()
-            self._since = ev.time.max().timestamp() - 60.0  # late host timestamps
-        rows = intervals(self._events) if self._events is not None else intervals(None)
-        rows = window(rows, self.last, time.time() if self.last is not None else None)
-        rows = rows.tail(self.max_rows)
-        if self.last is not None and self._events is not None:
-            # Forget what fell out of the window for good.
-            cutoff = time.time() - max(self.last, 60.0) - 60.0
-            self._events = self._events[self._events.time.map(lambda v: v.timestamp()) > cutoff]
-        records = to_records(rows)
+        # Only events logged since the last refresh cross the wire and get looked at.
+        ev = self._client.events(after=self._cursor)
+        self._cursor = int(ev.attrs.get("next", self._cursor))
+        if len(ev) == 0 and self.rows and self.last is None:
+            return  # nothing new to draw
+        self._tracker.add(ev)
+        records, lanes_ = self._tracker.records(self.last)
         self.rows = records
-        self.lanes = lanes(rows)
-        self.span_ms = max((r["end"] or r["start"] for r in records), default=0.0)
+        self.lanes = lanes_
+        self.span_ms = max(((r["end"] or r["start"]) for r in records), default=0.0)
         self.updated = time.time()
 
     def _fallback_html(self) -> str:
@@ -207,7 +202,7 @@ class StatusWidget(_Live):
     summary = traitlets.Unicode("").tag(sync=True)
 
     def __init__(
-        self, client: Client | None = None, live: bool = True, interval: float = 1.0
+        self, client: Client | None = None, live: bool = True, interval: float = 2.0
     ) -> None:
         super().__init__(client, live, interval)
 
@@ -237,21 +232,23 @@ class DevicesWidget(_Live):
     program that last ran there."""
 
     _esm = _STATIC / "devices.js"
-    devices = traitlets.List(trait=traitlets.Dict()).tag(sync=True)
+    devices: traitlets.List[Any] = traitlets.List().tag(sync=True)
 
     def __init__(
-        self, client: Client | None = None, live: bool = True, interval: float = 1.0
+        self, client: Client | None = None, live: bool = True, interval: float = 2.0
     ) -> None:
+        self._cursor = 0
+        self._last: dict[str, str] = {}  # slice id -> the program that last started there
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
         st = self._client.status()
-        ev = self._client.events(since=time.time() - 30.0)
-        last: dict[str, str] = {}
+        ev = self._client.events(after=self._cursor)
+        self._cursor = int(ev.attrs.get("next", self._cursor))
         if len(ev):
-            ran = ev[ev.kind.isin(["start", "end"]) & (ev.program != "transfer")]
+            ran = ev[(ev.kind == "start") & (ev.program != "transfer")]
             for s, p in zip(ran.slice, ran.program, strict=True):
-                last[str(s)] = str(p)
+                self._last[str(s)] = str(p)
         names = dict(zip(st.slices.slice, st.slices.name, strict=True)) if len(st.slices) else {}
         by_name = {v: k for k, v in names.items()}
         rows = []
@@ -262,7 +259,7 @@ class DevicesWidget(_Live):
                     "island": d.island,
                     "device": int(d.device),
                     "slice": d.slice,
-                    "program": last.get(sid, "") if d.slice else "",
+                    "program": self._last.get(sid, "") if d.slice else "",
                 }
             )
         self.devices = rows
