@@ -245,3 +245,26 @@ def test_mpmd_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         "transfer_ge_0.7x_raw",
         "parallel_dispatch_ahead",
     }
+
+
+def test_widgets_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "widgets.json"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.widgets",
+            "--steps",
+            "32",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    result = json.loads(out.read_text())
+    assert result["ratio"] > 0 and result["plain_steps_per_s"]["median"] > 0
+    assert set(result["targets_met"]) == {"with_widgets_ge_0.98x"}

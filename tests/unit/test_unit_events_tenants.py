@@ -103,3 +103,20 @@ def test_expired_lists_tenants_silent_for_longer_than_the_lease() -> None:
 def test_a_tenant_starts_with_no_work() -> None:
     t = Tenant(1, b"x", "x", last_seen=0.0)
     assert (t.launches, t.pending, t.device_seconds) == (0, 0, 0.0)
+
+
+def test_after_returns_only_events_logged_since_a_cursor() -> None:
+    log = EventLog(4)
+    for i in range(3):
+        log.add("launch", tenant=1, lid=i + 1)
+    events, nxt = log.after(0)
+    assert [e[3] for e in events] == [1, 2, 3] and nxt == 3
+    assert log.after(nxt) == ([], 3)
+    log.add("start", tenant=2, lid=9)
+    log.add("end", tenant=1, lid=1)
+    log.add("end", tenant=1, lid=2)  # the ring holds 4: lids 1 and 2 of the launches fell off
+    events, nxt = log.after(3)
+    assert [(e[1], e[3]) for e in events] == [("start", 9), ("end", 1), ("end", 2)] and nxt == 6
+    events, _ = log.after(0)  # what fell off is gone; the rest comes back in order
+    assert [e[3] for e in events] == [3, 9, 1, 2]
+    assert [e[3] for e in log.after(3, tenant=1)[0]] == [1, 2]

@@ -1,0 +1,62 @@
+"""The live timeline's incremental tracker, from hand-made event logs."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from pathways_nb.viz._timeline import Tracker, intervals
+
+COLS = ["time", "kind", "tenant", "lid", "program", "slice", "island", "host", "detail"]
+
+
+def _events(rows: list[tuple]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=COLS)
+    df["time"] = pd.to_datetime(df["time"], unit="s")
+    return df
+
+
+def test_tracker_matches_the_batch_intervals_across_increments() -> None:
+    t = time.time()
+    rows = [
+        (t + 0.00, "launch", 1, 1, "f", "s1", "i0", "h0", ""),
+        (t + 0.00, "launch", 1, 2, "transfer", "s2", "i1", "h1", "h0→h1"),
+        (t + 0.01, "start", 1, 1, "f", "s1", "i0", "h0", ""),
+        (t + 0.03, "end", 1, 1, "f", "s1", "i0", "h0", ""),
+        (t + 0.03, "start", 1, 2, "transfer", "s2", "i1", "h1", ""),
+        (t + 0.04, "end", 1, 2, "transfer", "s2", "i1", "h1", "h0→h1 256 B"),
+        (t + 0.05, "launch", 2, 3, "g", "s2", "i1", "h1", ""),
+        (t + 0.06, "start", 2, 3, "g", "s2", "i1", "h1", ""),
+        (t + 0.07, "error", 2, 3, "g", "s2", "i1", "h1", "runtime"),
+        (t + 0.08, "launch", 2, 4, "never", "s2", "i1", "h1", ""),
+    ]
+    tr = Tracker(horizon=60.0, max_rows=100)
+    tr.add(_events(rows[:4]))
+    tr.add(_events(rows[4:]))
+    recs, lanes = tr.records(last=60.0)
+    assert lanes == ["i0/s1", "i1/s2"]
+    assert [r["lid"] for r in recs] == [1, 2, 3]  # the never-started launch is not drawn
+    transfer = recs[1]
+    assert (
+        transfer["kind"] == "transfer" and transfer["source"] == "h0" and transfer["bytes"] == 256
+    )
+    assert recs[2]["failed"] and recs[2]["tenant"] == 2
+    batch = intervals(_events(rows))
+    assert list(batch.lid) == [1, 2, 3]
+    assert list(batch.bytes) == [0, 256, 0] and list(batch.failed) == [False, False, True]
+    for r, (_, b) in zip(recs, batch.iterrows(), strict=True):
+        assert abs((r["end"] - r["start"]) - 1e3 * (b.end - b.start)) < 1e-3
+
+
+def test_tracker_forgets_what_fell_out_of_its_horizon() -> None:
+    t = time.time()
+    old = [
+        (t - 100, "start", 1, 1, "f", "s1", "i0", "h0", ""),
+        (t - 99, "end", 1, 1, "f", "s1", "i0", "h0", ""),
+    ]
+    new = [(t, "start", 1, 2, "f", "s1", "i0", "h0", "")]
+    tr = Tracker(horizon=15.0, max_rows=10)
+    tr.add(_events(old + new))
+    recs, _ = tr.records(last=5.0)
+    assert [r["lid"] for r in recs] == [2] and recs[0]["end"] is None
