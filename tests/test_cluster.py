@@ -268,3 +268,25 @@ def test_widgets_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["ratio"] > 0 and result["plain_steps_per_s"]["median"] > 0
     assert set(result["targets_met"]) == {"with_widgets_ge_0.98x"}
+
+
+def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
+    from IPython.testing.globalipapp import start_ipython
+    from IPython.utils.io import capture_output
+
+    from pathways_nb._magics import PathwaysMagics
+
+    shell = start_ipython()
+    magics = PathwaysMagics(shell)
+    try:
+        first = magics.pathways("start --islands 1 --devices 2")
+        assert isinstance(first, pw.LocalCluster) and first.islands == 1
+        assert "Dask dashboard" in first._repr_html_() and "1 islands" in repr(first)
+        assert pw.Client.current() is magics.session.client
+        with capture_output() as out:
+            again = magics.pathways("start --islands 2 --devices 2")
+        assert again is first and "reusing it" in out.stdout
+        pids = [first.scheduler_pid, *first.worker_pids()]
+    finally:
+        magics.pathways("stop")
+    assert magics.session.client is None and _gone(pids, 30)

@@ -186,7 +186,7 @@ def test_the_dataflow_graph_is_built_from_shapes_and_nothing_runs(client: pw.Cli
     assert t["shape"] == (6, 16) and t["dtype"] == "float32" and t["bytes"] == 6 * 16 * 4
     assert t["spec"] == "P('x',)"
     dot = g.to_dot()
-    assert dot.startswith('digraph "step"') and "style=dashed" in dot and dot.count("->") == 2
+    assert dot.startswith("digraph step") and "style=dashed" in dot and dot.count("->") == 2
     assert "2 programs on 2 slices" in repr(g)
     out = pw.graph(step, x)  # the module-level form, on the current client
     assert out.programs == 2

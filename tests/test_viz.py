@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -137,3 +138,52 @@ def test_graph_widget(ran: pw.Client) -> None:
     assert "digraph" in data["text/html"] or "<svg" in data["text/html"]
     with pytest.raises(TypeError, match="DataflowGraph or DOT"):
         GraphWidget(42)  # type: ignore[arg-type]
+
+
+class _RecordingComm:
+    """Stands in for the kernel's comm: keeps what a widget sends to the frontend."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.opened = kwargs
+        self.sent: list[dict[str, Any]] = []
+        self.comm_id = "recording"
+        self.kernel = object()
+
+    def send(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None:
+        self.sent.append(data)
+
+    def on_msg(self, callback: Any) -> None:
+        pass
+
+    def on_close(self, callback: Any) -> None:
+        pass
+
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def test_widgets_send_their_state_to_the_frontend(
+    client: pw.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import comm
+
+    comms: list[_RecordingComm] = []
+    monkeypatch.setattr(
+        comm, "create_comm", lambda **kw: comms.append(_RecordingComm(**kw)) or comms[-1]
+    )
+    vs = client.allocate({"x": 2})
+    f = pw.jit(lambda v: v * 3.0, slice=vs, name="triple")
+    x = vs.put(np.ones(2, np.float32), P("x"))
+    w = TimelineWidget(client, live=False)
+    # The timeline's own comm (anywidget may open others alongside).
+    c = next(c for c in comms if "rows" in c.opened["data"]["state"])
+    assert c.opened["target_name"] == "jupyter.widget"
+    first = c.opened["data"]["state"]
+    assert "_esm" in first and isinstance(first["rows"], list)
+    f(x).block_until_ready()
+    client.wait_all()
+    w.refresh()
+    updates = [m for m in c.sent if m.get("method") == "update"]
+    rows = [r for m in updates for r in m["state"].get("rows", [])]
+    assert any(r["name"] == "triple" and r["kind"] == "program" for r in rows)
+    w.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -188,33 +189,42 @@ class DataflowGraph:
         self._times = {k: (v[0], v[1]) for k, v in times.items()}
         return self
 
-    def to_dot(self) -> str:
-        """Graphviz DOT source: one cluster per slice, transfers dashed."""
-        lines = [f'digraph "{_esc(self.name)}" {{', "  rankdir=LR;", "  node [shape=box];"]
+    def to_graphviz(self) -> Any:
+        """The graph as a ``graphviz.Digraph``: one cluster per slice, transfers dashed.
+
+        Its ``.source`` is DOT; rendering it to a file needs the ``dot`` binary, drawing
+        it in a notebook does not (the graph widget bundles Graphviz).
+        """
+        import graphviz
+
+        # A plain identifier: graphviz reads "<lambda>" as an HTML-like string.
+        ident = re.sub(r"\W", "_", self.name).strip("_") or "step"
+        g = graphviz.Digraph(ident, graph_attr={"rankdir": "LR"}, node_attr={"shape": "box"})
         by_slice: dict[str, list[_Node]] = {}
         for n in self._nodes:
             by_slice.setdefault(n.slice, []).append(n)
         for i, (sname, nodes) in enumerate(sorted(by_slice.items())):
-            island = nodes[0].island
-            lines.append(f"  subgraph cluster_{i} {{")
-            lines.append(f'    label="slice {_esc(sname)} ({_esc(island)})";')
-            for n in nodes:
-                shape = "box" if n.kind == "program" else "ellipse"
-                parts = [n.name]
-                t = self._times.get(n.lid)
-                if t is not None:
-                    parts.append(f"{1e3 * (t[1] - t[0]):.2f} ms")
-                lines.append(f'    n{n.id} [label="{_label(parts)}", shape={shape}];')
-            lines.append("  }")
+            with g.subgraph(name=f"cluster_{i}") as c:
+                c.attr(label=f"slice {sname} ({nodes[0].island})")
+                for n in nodes:
+                    parts = [n.name]
+                    t = self._times.get(n.lid)
+                    if t is not None:
+                        parts.append(f"{1e3 * (t[1] - t[0]):.2f} ms")
+                    shape = "box" if n.kind == "program" else "ellipse"
+                    c.node(f"n{n.id}", label=_label(parts), shape=shape)
         for e in self._edges:
             parts = [f"{e.dtype}{list(e.shape)} {e.spec}"]
-            style = ""
+            style: dict[str, str] = {}
             if e.kind == "transfer":
                 parts.append(f"{e.from_slice}→{e.to_slice} {_human(e.bytes)}")
-                style = ", style=dashed, color=blue"
-            lines.append(f'  n{e.src} -> n{e.dst} [label="{_label(parts)}"{style}];')
-        lines.append("}")
-        return "\n".join(lines)
+                style = {"style": "dashed", "color": "blue"}
+            g.edge(f"n{e.src}", f"n{e.dst}", label=_label(parts), **style)
+        return g
+
+    def to_dot(self) -> str:
+        """Graphviz DOT source of :meth:`to_graphviz`."""
+        return str(self.to_graphviz().source)
 
     def __repr__(self) -> str:
         slices = sorted({n.slice for n in self._nodes})
@@ -227,12 +237,8 @@ class DataflowGraph:
 
 
 def _label(lines: list[str]) -> str:
-    """A DOT label of several lines, each escaped."""
-    return "\\n".join(_esc(x) for x in lines)
-
-
-def _esc(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"')
+    """A label of several lines: the graphviz package quotes it and keeps ``\\n``."""
+    return "\\n".join(x.replace("\\", "/") for x in lines)
 
 
 def _human(n: int) -> str:
