@@ -11,6 +11,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -199,41 +200,28 @@ def test_preload_modules_import_no_client_pandas_or_ipython() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_core_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "core.json"
+def _benchmark(tmp_path: Path, module: str, *args: str) -> dict[str, Any]:
+    """Run ``python -m benchmarks.<module> ARGS --json FILE`` and read its JSON."""
+    out = tmp_path / f"{module}.json"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.core",
-            "--repeats",
-            "1",
-            "--calls",
-            "64",
-            "--roundtrips",
-            "8",
-            "--json",
-            str(out),
-        ],
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--json", str(out)],
         check=True,
         capture_output=True,
         cwd=Path(__file__).resolve().parents[1],
     )
-    result = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_core_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    result = _benchmark(tmp_path, "core", "--repeats", "1", "--calls", "64", "--roundtrips", "8")
     assert result["chained"]["pathways_calls_per_s"]["median"] > 0
     assert result["chained"]["ratio"] > 0 and result["roundtrip"]["ratio"] > 0
     assert set(result["targets_met"]) == {"chained_ge_0.7x", "roundtrip_lt_1ms"}
 
 
 def test_mpmd_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "mpmd.json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.mpmd", "--quick", "--json", str(out)],
-        check=True,
-        capture_output=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    result = json.loads(out.read_text())
+    result = _benchmark(tmp_path, "mpmd", "--quick")
     pipe = result["pipeline"]
     assert pipe["ratio"] > 0 and 0 <= pipe["bubble_measured"] < 1
     assert set(pipe["bubble_per_stage"]) == {"0", "1", "2", "3"}
@@ -248,24 +236,7 @@ def test_mpmd_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 
 
 def test_widgets_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "widgets.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.widgets",
-            "--steps",
-            "32",
-            "--repeats",
-            "1",
-            "--json",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    result = json.loads(out.read_text())
+    result = _benchmark(tmp_path, "widgets", "--steps", "32", "--repeats", "1")
     assert result["ratio"] > 0 and result["plain_steps_per_s"]["median"] > 0
     assert set(result["targets_met"]) == {"with_widgets_ge_0.98x"}
 
