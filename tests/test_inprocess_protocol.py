@@ -151,6 +151,10 @@ def test_status_and_events_are_dataframes(client: pw.Client) -> None:
     assert (st.devices["slice"] == "train").sum() == 4
     assert "train" in set(st.slices["name"])
     assert "islands" in repr(st) and "train" in repr(st)
+    # The snapshot carries the newest of this client's events too.
+    assert list(st.events.columns)[:4] == ["time", "kind", "tenant", "lid"]
+    assert 0 < len(st.events) <= 20 and set(st.events.tenant) <= {0, client.tenant}
+    assert st.events.program.iloc[-1] == "triple"
     ev = client.events()
     mine = ev[ev.program == "triple"]
     assert list(mine.kind.value_counts().sort_index().items()) == [

@@ -10,12 +10,14 @@ FIELDS = ("time", "kind", "tenant", "lid", "program", "slice", "island", "host",
 
 @dataclasses.dataclass(frozen=True)
 class Status:
-    """``client.status()``: islands, devices, slices and tenants as DataFrames."""
+    """``client.status()``: islands, devices, slices, tenants and the newest events as
+    DataFrames."""
 
     islands: Any
     devices: Any
     slices: Any
     tenants: Any
+    events: Any
     queued: dict[str, int]
     inflight: dict[str, int]
     events_total: int
@@ -89,6 +91,7 @@ class Status:
                 s["tenants"],
                 columns=["tenant", "name", "weight", "launches", "pending", "device_seconds"],
             ),
+            events=events_frame(s.get("events") or []),
             queued=dict(s["queued"]),
             inflight=dict(s["inflight"]),
             events_total=int(s["events_total"]),

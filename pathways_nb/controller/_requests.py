@@ -25,6 +25,9 @@ from pathways_nb.controller._resources import ResourceManager, SliceInfo
 from pathways_nb.controller._scheduler import GangScheduler, Work
 from pathways_nb.controller._tenants import Tenant, Tenants
 
+# Events a status snapshot carries (the newest).
+_STATUS_EVENTS = 20
+
 
 class ClientRequests:
     """The ``_c_<type>`` handlers; the server dispatches each request to one by name."""
@@ -272,6 +275,8 @@ class ClientRequests:
         snap["queued"] = stats.queued
         snap["inflight"] = stats.inflight
         snap["events_total"] = self.events.total
+        # The newest few of the client's own events, so a status snapshot shows activity.
+        snap["events"], _ = self.events.after(self.events.total - _STATUS_EVENTS, t.tenant)
         snap["window"] = self.config.inflight_window
         snap["you"] = t.tenant
         self._reply(t, h["rid"], status=snap)

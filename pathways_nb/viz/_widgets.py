@@ -214,6 +214,7 @@ class StatusWidget(_Live):
             ("islands", st.islands),
             ("slices", st.slices),
             ("tenants", st.tenants),
+            ("latest events", st.events),
         ):
             parts.append(f"<h4>{title}</h4>")
             parts.append(df.to_html(index=False, border=0) if len(df) else "<p>none</p>")
