@@ -242,13 +242,14 @@ def test_widgets_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 
 
 def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
     from IPython.testing.globalipapp import start_ipython
     from IPython.utils.io import capture_output
 
     from pathways_nb._magics import PathwaysMagics
 
-    shell = start_ipython()
-    magics = PathwaysMagics(shell)
+    start_ipython()  # once per process; later calls return None
+    magics = PathwaysMagics(TerminalInteractiveShell.instance())
     try:
         first = magics.pathways("start --islands 1 --devices 2")
         assert isinstance(first, pw.LocalCluster) and first.islands == 1

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from IPython.terminal.interactiveshell import TerminalInteractiveShell
 from IPython.testing.globalipapp import start_ipython
 from IPython.utils.io import capture_output
 
@@ -17,9 +18,15 @@ from pathways_nb._magics import PathwaysMagics
 from pathways_nb.viz import DevicesWidget, GraphWidget, StatusWidget, TimelineWidget
 
 
+def _shell() -> Any:
+    """The test IPython shell (one per process: start_ipython makes it once)."""
+    start_ipython()
+    return TerminalInteractiveShell.instance()
+
+
 @pytest.fixture(scope="module")
 def ip(cluster: pw.InProcessCluster) -> Iterator[Any]:
-    shell = start_ipython()
+    shell = _shell()
     shell.run_line_magic("load_ext", "pathways_nb")
     magics = shell.magics_manager.registry["PathwaysMagics"]
     assert isinstance(magics, PathwaysMagics)
@@ -89,8 +96,7 @@ def test_trace_writes_perfetto_json(ip: Any, tmp_path: Path) -> None:
 
 
 def test_commands_before_a_cluster_say_how_to_start_one() -> None:
-    shell = start_ipython()
-    m = PathwaysMagics(shell)
+    m = PathwaysMagics(_shell())
     with capture_output() as out:
         m.pathways("status")
     assert "%pathways start" in out.stdout and "%pathways connect" in out.stdout
