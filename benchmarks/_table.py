@@ -1,0 +1,163 @@
+"""The README's results table, from the JSON a run wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+Row = tuple[str, str, str, str, str]
+
+
+def _fmt(x: float) -> str:
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def _dispatch(r: dict[str, Any]) -> list[Row]:
+    t = r["programs_per_s"]
+    rows = []
+    for mode in ("opbyop", "chained", "fused"):
+        jax_ = t["jax"][mode]["median"]
+        ours = t["pathways_nb"][mode]["median"]
+        dask = t["dask_actors"][mode]["median"]
+        rows.append(
+            (
+                f"dispatch {mode} (programs/s)",
+                f"JAX {_fmt(jax_)}, Dask actors {_fmt(dask)}",
+                _fmt(ours),
+                f"{ours / jax_:.2f}x",
+                "",
+            )
+        )
+    return rows
+
+
+def _size(r: dict[str, Any]) -> list[Row]:
+    n = r["smallest_matching_size"]
+    where = f"n={n} ({r['smallest_matching_program_ms']:.1f} ms programs)" if n else "none"
+    best = max(v["ratio"] for v in r["sizes"].values())
+    return [("smallest program matching plain JAX", "", where, f"best {best:.2f}x", "≥ 0.95x")]
+
+
+def _training(r: dict[str, Any]) -> list[Row]:
+    p, o = r["plain_jax_tokens_per_s"]["median"], r["pathways_tokens_per_s"]["median"]
+    return [
+        (
+            "transformer LM training (tokens/s)",
+            f"JAX {_fmt(p)}",
+            _fmt(o),
+            f"{o / p:.2f}x",
+            "≥ 0.97x",
+        )
+    ]
+
+
+def _core(r: dict[str, Any]) -> list[Row]:
+    c, rt = r["chained"], r["roundtrip"]
+    return [
+        (
+            "chained all-reduce + add (calls/s)",
+            f"JAX {_fmt(c['plain_jax_calls_per_s']['median'])}",
+            _fmt(c["pathways_calls_per_s"]["median"]),
+            f"{c['ratio']:.2f}x",
+            "≥ 0.7x",
+        ),
+        (
+            "round trip of a tiny program (ms)",
+            f"JAX {1e3 * rt['plain_jax_s']['median']:.2f}",
+            f"{1e3 * rt['pathways_s']['median']:.2f}",
+            f"{rt['ratio']:.1f}x",
+            "< 1 ms",
+        ),
+    ]
+
+
+def _mpmd(r: dict[str, Any]) -> list[Row]:
+    p, t, d = r["pipeline"], r["transfer"], r["dispatch"]
+    smallest = min(d["sizes"], key=int)
+    s = d["sizes"][smallest]
+    return [
+        (
+            "4-stage pipeline vs SPMD (steps/s)",
+            f"SPMD {_fmt(p['spmd_steps_per_s'])}",
+            _fmt(p["pipeline_steps_per_s"]),
+            f"{p['ratio']:.2f}x",
+            "≥ 0.9x",
+        ),
+        (
+            "pipeline bubble (busy intervals)",
+            f"theory {p['bubble_theoretical']:.2f}",
+            f"{p['bubble_measured']:.2f}",
+            f"{p['bubble_ratio']:.2f}x",
+            "≤ 1.2x",
+        ),
+        (
+            f"transfer {t['bytes'] >> 20} MiB host to host (GiB/s)",
+            f"raw ZeroMQ {t['raw_zmq_gib_per_s']:.2f}",
+            f"{t['pathways_gib_per_s']:.2f}",
+            f"{t['ratio']:.2f}x",
+            "≥ 0.7x",
+        ),
+        (
+            f"16-program chain across islands, {smallest}x{smallest} (ms)",
+            f"sequential {1e3 * s['sequential_s']['median']:.0f}",
+            f"parallel {1e3 * s['parallel_s']['median']:.0f}",
+            f"{s['speedup']:.2f}x faster",
+            "ahead",
+        ),
+    ]
+
+
+def _widgets(r: dict[str, Any]) -> list[Row]:
+    p, w = r["plain_steps_per_s"]["median"], r["with_widgets_steps_per_s"]["median"]
+    return [
+        (
+            "training with live widgets open (steps/s)",
+            f"without {_fmt(p)}",
+            _fmt(w),
+            f"{r['ratio']:.2f}x",
+            "≥ 0.98x",
+        )
+    ]
+
+
+def _memory(r: dict[str, Any]) -> list[Row]:
+    g = r.get("growth_mb", {})
+    text = ", ".join(f"{k} +{v:.1f} MB" for k, v in g.items()) if g else "see JSON"
+    return [("resident memory growth over the run", "", text, "", "< 50 MB")]
+
+
+TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "dispatch": _dispatch,
+    "size": _size,
+    "training": _training,
+    "core": _core,
+    "mpmd": _mpmd,
+    "widgets": _widgets,
+    "memory": _memory,
+}
+
+
+def markdown(out: str) -> str:
+    """A Markdown table of every experiment whose JSON is in ``out``."""
+    lines = [
+        "| measurement | baseline | pathways_nb | ratio | target |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, rows_of in TABLES.items():
+        path = os.path.join(out, f"{name}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            result = json.load(f)
+        try:
+            rows = rows_of(result)
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue  # an older or partial result: left out rather than misread
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
