@@ -54,7 +54,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    sizes = [16, 64, 256] if quick else [16, 32, 64, 128, 256, 512]
+    sizes = [16, 64, 256] if quick else [16, 32, 64, 128, 256, 512, 1024]
     repeats = 1 if quick else 3
     sh = NamedSharding(Mesh(np.array(jax.devices()[:4]), ("d",)), P("d"))
     ref = jax.jit(program, out_shardings=sh)
