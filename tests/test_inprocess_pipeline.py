@@ -83,9 +83,11 @@ def slices(four: pw.Client) -> Iterator[list[pw.VirtualSlice]]:
         s.release()
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(
+    ("schedule", "remat"), [("gpipe", False), ("1f1b", False), ("1f1b", True)]
+)
 def test_a_four_stage_pipeline_trains_like_plain_jax(
-    four: pw.Client, slices: list[pw.VirtualSlice], schedule: str
+    four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool
 ) -> None:
     assert len({s.island for s in slices}) == 4
     sizes = [8, 32, 32, 32, 4]
@@ -99,6 +101,7 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(
         optax.adam(1e-2),
         microbatches=8,
         schedule=schedule,
+        remat=remat,
     )
     params, state = step.init(_params(sizes))
     losses = []

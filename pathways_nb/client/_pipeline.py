@@ -1,9 +1,11 @@
 """Pipeline parallelism: a model split into stages on different slices, trained with
 microbatches under a GPipe or 1F1B schedule.
 
-Every stage's programs are ``pw.jit`` functions pinned to its slice: forward, backward
-(which recomputes the stage's forward under ``jax.vjp``: a vjp closure cannot be
-exported), gradient accumulation and the optimizer update. Activations and their
+Every stage's programs are ``pw.jit`` functions pinned to its slice: forward, backward,
+gradient accumulation and the optimizer update. A ``jax.vjp`` closure cannot be
+exported, but it is a pytree: the forward returns it, its residuals stay on the slice
+as remote arrays, and the backward program takes it back (or, with ``remat=True``, the
+backward recomputes the forward from the stage's input). Activations and their
 gradients move between slices host to host. The schedule is the order in which the
 client submits these programs; it never waits, so each island's gang scheduler sees
 its stage's programs in schedule order and the stages overlap on their own.
@@ -117,6 +119,7 @@ class Pipeline:
         microbatches: int,
         schedule: str,
         batch_spec: PartitionSpec,
+        remat: bool = False,
     ) -> None:
         if len(stages) != len(slices):
             raise ValueError(
@@ -127,6 +130,7 @@ class Pipeline:
         self.microbatches = microbatches
         self.schedule = schedule
         self.batch_spec = batch_spec
+        self.remat = remat
         self.optimizer = optimizer
         self.order = submission_order(stage_orders(len(stages), microbatches, schedule))
         n = len(stages)
@@ -137,10 +141,18 @@ class Pipeline:
         self._update: list[RemoteFunction] = []
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
-            self._fwd.append(jit(fn, slice=vs, name=f"{name}.fwd"))
-            first, acc = _backward(fn, s == 0)
+            if remat:
+                self._fwd.append(jit(fn, slice=vs, name=f"{name}.fwd"))
+                first, acc = _backward(fn, s == 0)
+                donate = 3
+            else:
+                # The forward returns its vjp as well: a pytree whose leaves (the
+                # residuals) stay on this slice as remote arrays until the backward.
+                self._fwd.append(jit(_with_vjp(fn), slice=vs, name=f"{name}.fwd"))
+                first, acc = _backward_from_residuals(s == 0)
+                donate = 2
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
-            self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(3,)))
+            self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
             self._update.append(
                 jit(_update(optimizer), slice=vs, name=f"{name}.update", donate_argnums=(0, 1, 2))
             )
@@ -198,13 +210,20 @@ class Pipeline:
         xs = self._split(x, self.slices[0], "x")
         ys = self._split(y, self.slices[-1], "y")
         acts: dict[tuple[int, int], Any] = {(0, i): v for i, v in enumerate(xs)}
+        # What each backward needs of its forward: its input (remat) or its vjp.
+        saved: dict[tuple[int, int], Any] = {}
         grads_in: dict[tuple[int, int], Any] = {}
         acc: list[Any] = [None] * n
         loss: Any = None
         for op in self.order:
             s, i = op.stage, op.microbatch
             if op.kind == "F":
-                acts[(s + 1, i)] = self._fwd[s](params[s], acts[(s, i)])
+                x = acts.pop((s, i))
+                if self.remat:
+                    acts[(s + 1, i)] = self._fwd[s](params[s], x)
+                    saved[(s, i)] = x
+                else:
+                    acts[(s + 1, i)], saved[(s, i)] = self._fwd[s](params[s], x)
             elif op.kind == "L":
                 if acc[s] is None:
                     loss, acc[s], gx = self._last_first(params[s], acts[(s, i)], ys[i])
@@ -215,15 +234,15 @@ class Pipeline:
                 del acts[(s, i)]
             else:
                 g = grads_in.pop((s, i))
+                head = (params[s], saved.pop((s, i))) if self.remat else (saved.pop((s, i)),)
                 if acc[s] is None:
-                    out = self._bwd_first[s](params[s], acts[(s, i)], g)
+                    out = self._bwd_first[s](*head, g)
                 else:
-                    out = self._bwd[s](params[s], acts[(s, i)], g, acc[s])
+                    out = self._bwd[s](*head, g, acc[s])
                 if s > 0:
                     acc[s], grads_in[(s - 1, i)] = out
                 else:
                     acc[s] = out
-                del acts[(s, i)]
         new_params, new_states = [], []
         for s in range(n):
             p, st = self._update[s](params[s], opt_state[s], acc[s])
@@ -301,6 +320,29 @@ def _backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, An
     return first, acc
 
 
+def _with_vjp(fn: Callable[[Any, Any], Any]) -> Any:
+    def forward(p: Any, x: Any) -> tuple[Any, Any]:
+        return jax.vjp(fn, p, x)
+
+    forward.__name__ = getattr(fn, "__name__", "stage")
+    return forward
+
+
+def _backward_from_residuals(first_stage: bool) -> tuple[Any, Any]:
+    """Backward of a middle stage from the vjp its forward returned."""
+
+    def first(vjp: Any, g: Any) -> Any:
+        gp, gx = vjp(g)
+        return gp if first_stage else (gp, gx)
+
+    def acc(vjp: Any, g: Any, a: Any) -> Any:
+        gp, gx = vjp(g)
+        total = jax.tree.map(lambda u, v: u + v, a, gp)
+        return total if first_stage else (total, gx)
+
+    return first, acc
+
+
 def _last(
     fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], m: float, only: bool
 ) -> tuple[Any, Any]:
@@ -343,6 +385,7 @@ def pipeline(
     microbatches: int = 4,
     schedule: str = "1f1b",
     batch_spec: PartitionSpec | None = None,
+    remat: bool = False,
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -351,7 +394,9 @@ def pipeline(
     ``GradientTransformation``. ``schedule`` is ``"gpipe"`` (all forwards, then all
     backwards) or ``"1f1b"`` (one forward, one backward once warm, so fewer activations
     wait). ``batch_spec`` shards each microbatch over a stage slice's mesh (default:
-    replicated).
+    replicated). Each stage's backward uses the residuals its forward kept on the slice
+    (a ``jax.vjp`` returned as remote arrays); ``remat=True`` recomputes the forward
+    instead, keeping only the stage's input: less memory, a third more arithmetic.
     """
     return Pipeline(
         stages,
@@ -361,4 +406,5 @@ def pipeline(
         microbatches,
         schedule,
         batch_spec if batch_spec is not None else PartitionSpec(),
+        remat,
     )
