@@ -83,9 +83,7 @@ def slices(four: pw.Client) -> Iterator[list[pw.VirtualSlice]]:
         s.release()
 
 
-@pytest.mark.parametrize(
-    ("schedule", "remat"), [("gpipe", False), ("1f1b", False), ("1f1b", True)]
-)
+@pytest.mark.parametrize(("schedule", "remat"), [("gpipe", False), ("1f1b", False), ("1f1b", True)])
 def test_a_four_stage_pipeline_trains_like_plain_jax(
     four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool
 ) -> None:
