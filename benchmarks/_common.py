@@ -50,3 +50,33 @@ def write(result: dict[str, Any], path: str | None) -> None:
         with open(path, "w") as f:
             f.write(text + "\n")
     print(text)
+
+
+def xla_flags(devices: int) -> str:
+    """``XLA_FLAGS`` giving a process ``devices`` simulated CPU devices (set it before
+    JAX is imported)."""
+    flag = f"--xla_force_host_platform_device_count={devices}"
+    return f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
+def quick_main(
+    argv: list[str] | None,
+    doc: str | None,
+    name: str,
+    run: Callable[[bool], dict[str, Any]],
+    plot: Callable[[dict[str, Any], str], None] | None = None,
+) -> int:
+    """The command line of an experiment with a ``--quick`` mode: JSON (and a PNG) out."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    ap.add_argument("--json", default=f"benchmarks/results/{name}.json")
+    args = ap.parse_args(argv)
+    result = run(args.quick)
+    write(result, args.json)
+    if plot is not None:
+        plot(result, args.json.replace(".json", ".png"))
+    return 0

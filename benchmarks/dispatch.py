@@ -10,17 +10,16 @@ pathways_nb, plain ``jax.jit`` and Dask actors, side by side in one run.
 
 The program is an all-reduce and an add over 4 simulated CPU devices. Dask actors hold
 the same jitted function on a Dask worker with 4 devices; each call is an actor method
-call. Ray and ipyparallel columns are added when those packages are installed.
+call. Ray and ipyparallel are listed under "skipped" with the reason.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-).strip()
+from benchmarks._common import xla_flags
+
+os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import importlib.util
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import pathways_nb as pw
-from benchmarks._common import machine, summary, write
+from benchmarks._common import machine, quick_main, summary
 
 SIZE = 4 * 256
 WAIT_EVERY = 16
@@ -190,9 +189,12 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     for _ in range(repeats):
         samples["dask_actors"].append(dask_actors(n))
     skipped = {
-        name: "not installed (pip install .[bench])"
+        name: (
+            "not installed"
+            if importlib.util.find_spec(name) is None
+            else "installed, but this experiment has no column for it yet"
+        )
         for name in ("ray", "ipyparallel")
-        if importlib.util.find_spec(name) is None
     }
     table = {
         system: {mode: summary([s[mode] for s in runs]) for mode in MODES}
@@ -230,16 +232,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default="benchmarks/results/dispatch.json")
-    args = ap.parse_args(argv)
-    result = run(args.quick)
-    write(result, args.json)
-    plot(result, args.json.replace(".json", ".png"))
-    return 0
+    return quick_main(argv, __doc__, "dispatch", run, plot)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ and the smallest size (and its compute time) where pathways_nb reaches 0.95x pla
 
 from __future__ import annotations
 
-import argparse
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-).strip()
+from benchmarks._common import xla_flags
+
+os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 import pathways_nb as pw
-from benchmarks._common import machine, summary, write
+from benchmarks._common import machine, quick_main, summary
 
 WAIT_EVERY = 16
 TARGET = 0.95
@@ -119,16 +118,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default="benchmarks/results/size.json")
-    args = ap.parse_args(argv)
-    result = run(args.quick)
-    write(result, args.json)
-    plot(result, args.json.replace(".json", ".png"))
-    return 0
+    return quick_main(argv, __doc__, "size", run, plot)
 
 
 if __name__ == "__main__":

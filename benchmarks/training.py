@@ -10,12 +10,11 @@ and the ratio; target >= 0.97x. The two share this machine's cores, one at a tim
 
 from __future__ import annotations
 
-import argparse
 import os
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-).strip()
+from benchmarks._common import xla_flags
+
+os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 import pathways_nb as pw
-from benchmarks._common import machine, summary, write
+from benchmarks._common import machine, quick_main, summary
 
 TARGET = 0.97
 
@@ -173,14 +172,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default="benchmarks/results/training.json")
-    args = ap.parse_args(argv)
-    write(run(args.quick), args.json)
-    return 0
+    return quick_main(argv, __doc__, "training", run)
 
 
 if __name__ == "__main__":
