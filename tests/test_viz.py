@@ -118,6 +118,8 @@ def test_a_live_timeline_moves_while_a_loop_runs(client: pw.Client) -> None:
 def test_status_and_devices_widgets(ran: pw.Client) -> None:
     s = StatusWidget(ran, live=False)
     assert "<table" in s.html and "enc" in s.html and s.summary.startswith("pathways_nb cluster")
+    for title in ("islands", "devices", "slices", "tenants", "latest events"):
+        assert f"<h4>{title}</h4>" in s.html
     d = DevicesWidget(ran, live=False)
     held = [x for x in d.devices if x["slice"]]
     assert {x["slice"] for x in held} == {"enc", "dec"}

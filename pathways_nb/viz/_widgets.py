@@ -195,7 +195,8 @@ def graph_html(dot: str, title: str = "") -> str:
 
 
 class StatusWidget(_Live):
-    """``client.status()`` as live tables: islands, slices, tenants and queues."""
+    """``client.status()`` as live tables: islands, devices, slices, tenants, the newest
+    events."""
 
     _esm = _STATIC / "status.js"
     html = traitlets.Unicode("").tag(sync=True)
@@ -212,6 +213,7 @@ class StatusWidget(_Live):
         parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
         for title, df in (
             ("islands", st.islands),
+            ("devices", st.devices),
             ("slices", st.slices),
             ("tenants", st.tenants),
             ("latest events", st.events),
