@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import os
 import queue
 import threading
@@ -21,14 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
-from jax import export
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding
 
-from pathways_nb._core import RemoteError, decode_spec, encode_spec, handle_owner
+from pathways_nb._core import RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._parking import ParkingLot
+from pathways_nb.worker._programs import Program, Programs
 from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
@@ -42,28 +39,8 @@ _BATCH_WAIT = 2e-3
 _ACK_DELAY = 2e-3
 
 
-@dataclasses.dataclass
-class _Program:
-    name: str
-    exported: export.Exported
-    # The client's encoded PartitionSpec per input, for inputs the export leaves free.
-    in_specs: list[Any] = dataclasses.field(default_factory=list)
-    # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
-    out_nbytes: list[int] = dataclasses.field(default_factory=list)
-    total_nbytes: int = 0
-
-    def __post_init__(self) -> None:
-        self.out_nbytes = [
-            0
-            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
-            else math.prod(a.shape) * np.dtype(a.dtype).itemsize
-            for a in self.exported.out_avals
-        ]
-        self.total_nbytes = sum(self.out_nbytes)
-
-
 # A compiled launch's program, executable and donated argument indices.
-_Plan = tuple[_Program, Any, tuple[int, ...]]
+_Plan = tuple[Program, Any, tuple[int, ...]]
 
 
 class _Done(NamedTuple):
@@ -101,7 +78,6 @@ class Executor:
         window: int = 16,
     ) -> None:
         self.host = host
-        self._devices = {int(d.id): d for d in devices}
         self.store = store
         self._send = send
         # With the window nearly full, acknowledgements go out once this host is down to
@@ -119,10 +95,7 @@ class Executor:
         self._duration: dict[str, float] = {}
         self._runs_completed = 0
         self._put_wait = put_wait
-        self._programs: dict[str, _Program] = {}
-        self._bad_programs: dict[str, RemoteError] = {}
-        self._executables: dict[tuple[Any, ...], Any] = {}
-        self._meshes: dict[tuple[Any, ...], Mesh] = {}
+        self.programs = Programs(host, devices)
         self._faults: list[tuple[str, str]] = []
         # Work waiting for the dispatch thread; _busy while one item runs (on the
         # dispatch thread or inline on the socket thread), so order is kept.
@@ -134,7 +107,6 @@ class Executor:
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._compiles = 0
         self._launches = 0
         self._failures = 0
         self._prev_end = 0.0
@@ -248,7 +220,7 @@ class Executor:
         self._retry = True  # what they held back may go now
 
     def _fail_run(self, h: dict[str, Any], message: str, kind: str) -> None:
-        prog = self._programs.get(h["pid"])
+        prog = self.programs.get(h["pid"])
         name = prog.name if prog is not None else h["pid"]
         sname = h.get("name", h["slice"])
         err = RemoteError(message, kind=kind, program=name, slice=sname, host=self.host)
@@ -267,78 +239,6 @@ class Executor:
         return None if entries is None else (plan, entries)
 
     # programs -----------------------------------------------------------------------
-    def add_program(self, pid: str, name: str, blob: bytes, in_specs: Sequence[Any] = ()) -> None:
-        if pid in self._programs:
-            return
-        try:
-            exp = export.deserialize(bytearray(blob))
-        except Exception as exc:  # a corrupt artifact is the client's problem, not ours
-            log.warning("program %s (%s) did not deserialize: %s", name, pid, exc)
-            self._bad_programs[pid] = to_remote(
-                exc, "compile", program=name, slice="", host=self.host
-            )
-            return
-        self._programs[pid] = _Program(name, exp, in_specs=list(in_specs))
-
-    def _mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:
-        key = (tuple(devices), tuple((str(a), int(n)) for a, n in mesh))
-        m = self._meshes.get(key)
-        if m is None:
-            try:
-                devs = [self._devices[int(d)] for d in devices]
-            except KeyError as exc:
-                raise RemoteError(
-                    f"device {exc.args[0]} is not on host {self.host} "
-                    f"(it has {sorted(self._devices)})",
-                    kind="invalid",
-                ) from None
-            shape = [int(n) for _, n in mesh]
-            if math.prod(shape) != len(devs):
-                raise RemoteError(f"mesh {mesh} does not fit {len(devs)} devices", kind="invalid")
-            m = Mesh(np.array(devs, dtype=object).reshape(shape), tuple(str(a) for a, _ in mesh))
-            self._meshes[key] = m
-        return m
-
-    def _executable(self, pid: str, mesh: Mesh, donate: tuple[int, ...]) -> Any:
-        key = (pid, id(mesh), donate)
-        fn = self._executables.get(key)
-        if fn is None:
-            prog = self._program(pid)
-            exp = prog.exported
-            in_sh = [
-                s
-                if s is not None
-                else NamedSharding(
-                    mesh, decode_spec(prog.in_specs[i]) if i < len(prog.in_specs) else P()
-                )
-                for i, s in enumerate(exp.in_shardings_jax(mesh))
-            ]
-            out_sh = exp.out_shardings_jax(mesh)
-            # Known output layouts also fix the device count for programs without inputs.
-            kw = (
-                {"out_shardings": jax.tree.unflatten(exp.out_tree, list(out_sh))}
-                if all(s is not None for s in out_sh)
-                else {}
-            )
-            fn = jax.jit(exp.call, in_shardings=in_sh, donate_argnums=donate, **kw)
-            avals = [
-                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-                for a, s in zip(exp.in_avals, in_sh, strict=True)
-            ]
-            fn = fn.lower(*avals).compile()
-            self._compiles += 1
-            self._executables[key] = fn
-        return fn
-
-    def _program(self, pid: str) -> _Program:
-        prog = self._programs.get(pid)
-        if prog is None:
-            bad = self._bad_programs.get(pid)
-            if bad is not None:
-                raise bad
-            raise RemoteError(f"program {pid} is unknown on host {self.host}", kind="invalid")
-        return prog
-
     # dispatch thread ----------------------------------------------------------------
     def _dispatch_loop(self) -> None:
         while True:
@@ -464,7 +364,7 @@ class Executor:
                     self._cv.notify()
 
     def _do_program(self, body: Any) -> None:
-        self.add_program(*body)
+        self.programs.add(*body)
 
     def _do_drop(self, handles: list[int]) -> None:
         self.store.drop(handles)
@@ -481,15 +381,15 @@ class Executor:
 
     def _do_probe(self, h: dict[str, Any]) -> None:
         try:
-            mesh = self._mesh(h["devices"], h["mesh"])
-            fn = self._executable(h["pid"], mesh, ())
+            mesh = self.programs.mesh(h["devices"], h["mesh"])
+            fn = self.programs.executable(h["pid"], mesh, ())
             specs = [
                 encode_spec(s.spec) if isinstance(s, NamedSharding) else None
                 for s in fn.output_shardings
             ]
             self._send({"t": "host_reply", "rid": h["rid"], "out_specs": specs})
         except Exception as exc:
-            name = self._programs[h["pid"]].name if h["pid"] in self._programs else h["pid"]
+            name = self.programs.name(h["pid"])
             err = to_remote(exc, "compile", program=name, slice="", host=self.host)
             self._send({"t": "host_reply", "rid": h["rid"], "error": err.to_dict()})
 
@@ -549,7 +449,7 @@ class Executor:
         try:
             key = _run_key(h)
             plan = self._plans.get(key)
-            prog = plan[0] if plan is not None else self._program(h["pid"])
+            prog = plan[0] if plan is not None else self.programs.program(h["pid"])
             name = prog.name
             fault = self._take_fault(name)
             if fault == "crash":
@@ -578,7 +478,9 @@ class Executor:
                 fn = plan[1]
             else:
                 try:
-                    fn = self._executable(h["pid"], self._mesh(h["devices"], h["mesh"]), donate)
+                    fn = self.programs.executable(
+                        h["pid"], self.programs.mesh(h["devices"], h["mesh"]), donate
+                    )
                 except Exception as exc:
                     raise to_remote(
                         exc, "compile", program=name, slice=sname, host=self.host
@@ -720,9 +622,9 @@ class Executor:
 
     def statistics(self) -> ExecutorStatistics:
         return ExecutorStatistics(
-            programs=len(self._programs),
-            executables=len(self._executables),
-            compiles=self._compiles,
+            programs=self.programs.count,
+            executables=self.programs.executables,
+            compiles=self.programs.compiles,
             launches=self._launches,
             failures=self._failures,
         )

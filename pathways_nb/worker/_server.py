@@ -110,7 +110,7 @@ class Host:
         self._sender = Sender(self._ctx, name, self.executor.sent)
         self.executor.send_array = self._sender.submit
         self._assembler = Assembler(
-            {int(d.id): d for d in self.devices}, self.executor._mesh, self._arrived
+            {int(d.id): d for d in self.devices}, self.executor.programs.mesh, self._arrived
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._versions = local_versions()
@@ -119,7 +119,6 @@ class Host:
         self._registered = threading.Event()
         self._refused: str | None = None
         self._client_ok: set[bytes] = set()
-        self._meshes: dict[tuple[Any, ...], Any] = {}
         self.data_address = ""
         self._loop_ident = -1
 
@@ -381,7 +380,7 @@ class Host:
                     f"bytes; got {len(bufs[0])}"
                 )
             arr = arr.reshape(shape)
-            mesh = self.executor._mesh(h["devices"], h["mesh"])
+            mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
             sharding = NamedSharding(mesh, decode_spec(h["spec"]))
             self.store.reserve_check(arr.nbytes)
             value = jax.device_put(arr, sharding)

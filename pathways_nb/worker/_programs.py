@@ -1,0 +1,143 @@
+"""The programs a host knows and their executables: deserialize once, compile once per
+(program, device assignment, donation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pathways_nb._core import RemoteError, decode_spec
+from pathways_nb.worker._errors import to_remote
+
+log = logging.getLogger("pathways_nb.worker")
+
+
+@dataclasses.dataclass
+class Program:
+    name: str
+    exported: export.Exported
+    # The client's encoded PartitionSpec per input, for inputs the export leaves free.
+    in_specs: list[Any] = dataclasses.field(default_factory=list)
+    # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
+    out_nbytes: list[int] = dataclasses.field(default_factory=list)
+    total_nbytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.out_nbytes = [
+            0
+            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+            else math.prod(a.shape) * np.dtype(a.dtype).itemsize
+            for a in self.exported.out_avals
+        ]
+        self.total_nbytes = sum(self.out_nbytes)
+
+
+class Programs:
+    """The host's programs, meshes and compiled executables; used by one thread at a time
+    (the executor's, or the socket thread for puts and transfers, which only ask for meshes)."""
+
+    def __init__(self, host: str, devices: Sequence[jax.Device]) -> None:
+        self.host = host
+        self._devices = {int(d.id): d for d in devices}
+        self._programs: dict[str, Program] = {}
+        self._bad_programs: dict[str, RemoteError] = {}
+        self._executables: dict[tuple[Any, ...], Any] = {}
+        self._meshes: dict[tuple[Any, ...], Mesh] = {}
+        self.compiles = 0
+
+    @property
+    def count(self) -> int:
+        return len(self._programs)
+
+    @property
+    def executables(self) -> int:
+        return len(self._executables)
+
+    def get(self, pid: str) -> Program | None:
+        return self._programs.get(pid)
+
+    def name(self, pid: str) -> str:
+        prog = self._programs.get(pid)
+        return prog.name if prog is not None else pid
+
+    def add(self, pid: str, name: str, blob: bytes, in_specs: Sequence[Any] = ()) -> None:
+        """Deserialize a program sent by the controller (once per id)."""
+        if pid in self._programs:
+            return
+        try:
+            exp = export.deserialize(bytearray(blob))
+        except Exception as exc:  # a corrupt artifact is the client's problem, not ours
+            log.warning("program %s (%s) did not deserialize: %s", name, pid, exc)
+            self._bad_programs[pid] = to_remote(
+                exc, "compile", program=name, slice="", host=self.host
+            )
+            return
+        self._programs[pid] = Program(name, exp, in_specs=list(in_specs))
+
+    def mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:
+        key = (tuple(devices), tuple((str(a), int(n)) for a, n in mesh))
+        m = self._meshes.get(key)
+        if m is None:
+            try:
+                devs = [self._devices[int(d)] for d in devices]
+            except KeyError as exc:
+                raise RemoteError(
+                    f"device {exc.args[0]} is not on host {self.host} "
+                    f"(it has {sorted(self._devices)})",
+                    kind="invalid",
+                ) from None
+            shape = [int(n) for _, n in mesh]
+            if math.prod(shape) != len(devs):
+                raise RemoteError(f"mesh {mesh} does not fit {len(devs)} devices", kind="invalid")
+            m = Mesh(np.array(devs, dtype=object).reshape(shape), tuple(str(a) for a, _ in mesh))
+            self._meshes[key] = m
+        return m
+
+    def executable(self, pid: str, mesh: Mesh, donate: tuple[int, ...]) -> Any:
+        key = (pid, id(mesh), donate)
+        fn = self._executables.get(key)
+        if fn is None:
+            prog = self.program(pid)
+            exp = prog.exported
+            in_sh = [
+                s
+                if s is not None
+                else NamedSharding(
+                    mesh, decode_spec(prog.in_specs[i]) if i < len(prog.in_specs) else P()
+                )
+                for i, s in enumerate(exp.in_shardings_jax(mesh))
+            ]
+            out_sh = exp.out_shardings_jax(mesh)
+            # Known output layouts also fix the device count for programs without inputs.
+            kw = (
+                {"out_shardings": jax.tree.unflatten(exp.out_tree, list(out_sh))}
+                if all(s is not None for s in out_sh)
+                else {}
+            )
+            fn = jax.jit(exp.call, in_shardings=in_sh, donate_argnums=donate, **kw)
+            avals = [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+                for a, s in zip(exp.in_avals, in_sh, strict=True)
+            ]
+            fn = fn.lower(*avals).compile()
+            self.compiles += 1
+            self._executables[key] = fn
+        return fn
+
+    def program(self, pid: str) -> Program:
+        prog = self._programs.get(pid)
+        if prog is None:
+            bad = self._bad_programs.get(pid)
+            if bad is not None:
+                raise bad
+            raise RemoteError(f"program {pid} is unknown on host {self.host}", kind="invalid")
+        return prog
