@@ -238,3 +238,30 @@ def test_a_silent_host_is_declared_lost_after_its_timeout() -> None:
             x.fetch()
         np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))
         assert c.controller.statistics().live_hosts == 1
+
+
+def test_a_compile_for_a_host_whose_connection_is_gone_fails_instead_of_hanging() -> None:
+    # The host's socket closes without a word; the controller finds out only when sending
+    # it the program to compile, well before the host's timeout.
+    with (
+        pw.InProcessCluster(1, 2, config=Config(host_timeout_seconds=120)) as c,
+        c.client() as client,
+    ):
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        next(h for h in c.hosts if h.name == vs.host).stop()
+        time.sleep(0.5)  # the controller's socket notices the disconnect
+        outcome: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                pw.jit(lambda a: a * 3, name="needs_compile")(x)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call, daemon=True)
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive(), "the call waited for a host that is gone"
+        assert len(outcome) == 1 and isinstance(outcome[0], pw.DataLossError), outcome
+        assert vs.state == "lost"

@@ -14,6 +14,7 @@ from pathways_nb._core import (
     CancelledError,
     ClosedError,
     Config,
+    DataLossError,
     ProtocolError,
     RemoteError,
     decode_mesh,
@@ -296,17 +297,24 @@ class ClientRequests:
             raise ProtocolError(f"program {h['pid']} was never sent to the controller")
         self._ensure_program(s.host, h["pid"])
         self._next_rid += 1
-        self._probes[self._next_rid] = (t.identity, h["rid"], s.host)
-        self._send_host(
+        rid = self._next_rid
+        self._probes[rid] = (t.identity, h["rid"], s.host)
+        sent = self._send_host(
             s.host,
             {
                 "t": "host_probe",
-                "rid": self._next_rid,
+                "rid": rid,
                 "pid": h["pid"],
                 "devices": s.devices,
                 "mesh": [[k, v] for k, v in s.mesh.items()],
             },
         )
+        # Sending the program or the probe can find the host's connection gone, which
+        # loses the host at once; nothing would ever answer a probe left waiting for it.
+        if not sent and self._probes.pop(rid, None) is not None:
+            raise DataLossError(
+                f"host {s.host} was lost before it could compile {h['pid']}", host=s.host
+            )
 
     def _c_inject_fault(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         host = h["host"]
