@@ -153,7 +153,7 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach only the main thread")
     vs = client.allocate({"data": 2})
-    client.inject_fault(vs, match="held", kind="delay:3.0")
+    client.inject_fault(vs, match="held", kind="delay:5.0")
     x = vs.put(np.ones(2, np.float32), P("data"))
     held = pw.jit(lambda x: x + 1, name="held")
     outs = [held(x) for _ in range(50)]
@@ -170,7 +170,7 @@ def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
     with cluster.client() as c:
         c.max_queued = 4
         vs = c.allocate({"data": 2})
-        c.inject_fault(vs, match="stuck", kind="delay:3.0")
+        c.inject_fault(vs, match="stuck", kind="delay:5.0")
         x = vs.put(np.ones(2, np.float32), P("data"))
         stuck = pw.jit(lambda x: x + 1, name="stuck")
         outs = []

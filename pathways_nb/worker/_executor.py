@@ -1,5 +1,6 @@
-"""The executor: one dispatch thread launches programs in the gang scheduler's order, one
-completion thread waits for them in the same order and acknowledges in batches.
+"""The executor: one dispatch thread launches programs in the gang scheduler's order (or
+the socket thread does, inline, when nothing is queued before them); their completions
+are recorded by :mod:`pathways_nb.worker._completion`.
 
 Shutdown order: stop() puts a sentinel on the dispatch queue; the dispatch thread passes
 it to the completion thread after draining; both are joined.
@@ -8,21 +9,20 @@ it to the completion thread after draining; both are joined.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 from jax.sharding import NamedSharding
 
 from pathways_nb._core import RemoteError, encode_spec, handle_owner
+from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs
@@ -30,30 +30,11 @@ from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
 
-_STOP = object()
 _RESUME = object()
-# Launches expected to finish within this many seconds together share one wait.
-_BATCH_WAIT = 2e-3
-# How long a finished launch's acknowledgement may wait for company: bounds how stale
-# the controller's accounting, the event log and the client's is_ready() can be.
-_ACK_DELAY = 2e-3
 
 
 # A compiled launch's program, executable and donated argument indices.
 _Plan = tuple[Program, Any, tuple[int, ...]]
-
-
-class _Done(NamedTuple):
-    """A dispatched launch, handed to the completion thread."""
-
-    lid: int
-    outs: list[int]
-    leaves: list[Any] | None  # None when it failed before running
-    t0: float
-    err: RemoteError | None
-    name: str
-    sname: str
-    donated: list[Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,20 +61,8 @@ class Executor:
         self.host = host
         self.store = store
         self._send = send
-        # With the window nearly full, acknowledgements go out once this host is down to
-        # half a window in flight, so the controller refills it before the devices run dry.
-        self._window = window
-        self._ack_low_water = max(1, window // 2)
-        self._runs_received = 0
-        # Launches handed to XLA and not yet seen complete. The controller's window bounds
-        # this, except for launches it no longer counts because they were parked here:
-        # when those resume, the dispatch thread keeps XLA's queue within the window.
-        self._in_xla = 0
-        self._room = threading.Condition()
+        self.completions = Completions(host, store, send, window)
         self._reported_parked: set[int] = set()
-        # Measured seconds per program name (moving average): which launches are short.
-        self._duration: dict[str, float] = {}
-        self._runs_completed = 0
         self._put_wait = put_wait
         self.programs = Programs(host, devices)
         self._faults: list[tuple[str, str]] = []
@@ -105,15 +74,9 @@ class Executor:
         # run message key -> (program, executable, donated argument indices): what a
         # launch needs, found with one lookup once its program is compiled here.
         self._plans: dict[tuple[Any, ...], _Plan] = {}
-        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._launches = 0
         self._failures = 0
-        self._prev_end = 0.0
-        # ids of arrays a dispatched launch donates. XLA may free such a buffer before
-        # JAX marks the array deleted, so the completion thread must not read an error
-        # from waiting on it as a failure of the launch that made it.
-        self._donated: set[int] = set()
         # Work waiting for inputs (see _parking); _retry is set when one may have arrived.
         self._lot = ParkingLot()
         self._retry = False
@@ -134,7 +97,7 @@ class Executor:
                 target=self._dispatch_loop, name=f"pw-dispatch-{self.host}", daemon=True
             ),
             threading.Thread(
-                target=self._completion_loop, name=f"pw-complete-{self.host}", daemon=True
+                target=self.completions.loop, name=f"pw-complete-{self.host}", daemon=True
             ),
         ]
         for t in self._threads:
@@ -144,7 +107,7 @@ class Executor:
         if not self._threads:
             return
         with self._cv:
-            self._pending.append(_STOP)
+            self._pending.append(STOP)
             self._cv.notify()
         for t in self._threads:
             t.join()
@@ -160,7 +123,7 @@ class Executor:
         """
         now: Callable[[], None] | None = None
         if kind == "run":
-            self._runs_received += 1
+            self.completions.received += 1
             ready = self._runnable_now(body)
             if ready is not None:
                 now = functools.partial(self._run_planned, body, *ready)
@@ -197,7 +160,7 @@ class Executor:
             cancelled = []
             for item in self._pending:
                 if (
-                    item is not _STOP
+                    item is not STOP
                     and item[0] == "run"
                     and handle_owner(int(item[1]["lid"])) == tenant
                 ):
@@ -226,7 +189,7 @@ class Executor:
         err = RemoteError(message, kind=kind, program=name, slice=sname, host=self.host)
         for hd in h["outs"]:
             self.store.fail(hd, err)
-        self._done.put(_Done(h["lid"], h["outs"], None, time.time(), err, name, sname, []))
+        self.completions.failed(Done(h["lid"], h["outs"], None, time.time(), err, name, sname, []))
 
     def _runnable_now(self, h: dict[str, Any]) -> tuple[_Plan, list[Entry]] | None:
         """The launch's plan and input entries if it can run at once, else None."""
@@ -252,8 +215,8 @@ class Executor:
                 else:
                     item = self._pending.popleft()
             try:
-                if item is _STOP:
-                    self._done.put(_STOP)
+                if item is STOP:
+                    self.completions.stop()
                     return
                 if item is _RESUME:
                     for p in self._lot.take_all():
@@ -306,9 +269,7 @@ class Executor:
             return
         if kind == "run":
             self._reported_parked.discard(body["lid"])
-            with self._room:
-                while self._in_xla >= self._window:
-                    self._room.wait(0.1)
+            self.completions.wait_for_room()
         getattr(self, f"_do_{kind}")(body)
 
     def _park(self, kind: str, body: Any, touched: tuple[int, ...], deadline: float) -> None:
@@ -416,7 +377,7 @@ class Executor:
                 self.store.reserve_check(prog.total_nbytes, freeing)
             donated = [args[i] for i in donate] if donate else []
             if donate:
-                self._donated.update(id(a) for a in donated)
+                self.completions.donated.update(id(a) for a in donated)
             results = fn(*args)
             if donate:
                 ins = h["ins"]
@@ -425,16 +386,15 @@ class Executor:
             sname = h.get("name", h["slice"])
             self.store.set_many(outs, leaves, prog.out_nbytes, (prog.name, sname))
             self._launches += 1
-            with self._room:
-                self._in_xla += 1
-            self._done.put(_Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated))
+            done = Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated)
+            self.completions.dispatched(done)
         except Exception as exc:
             sname = h.get("name", h["slice"])
             err = to_remote(exc, "runtime", program=prog.name, slice=sname, host=self.host)
             for hd in outs:
                 self.store.fail(hd, err)
             self._failures += 1
-            self._done.put(_Done(h["lid"], outs, None, t0, err, prog.name, sname, []))
+            self.completions.failed(Done(h["lid"], outs, None, t0, err, prog.name, sname, []))
 
     def _do_run(self, h: dict[str, Any]) -> None:
         if not self._faults:
@@ -487,7 +447,7 @@ class Executor:
                     ) from None
                 self._plans[key] = (prog, fn, donate)
             donated = [args[i] for i in donate]
-            self._donated.update(id(a) for a in donated)
+            self.completions.donated.update(id(a) for a in donated)
             results = fn(*args)
             if donate:
                 self.store.drop([h["ins"][i] for i in donate])
@@ -495,130 +455,13 @@ class Executor:
             leaves = results if isinstance(results, list) else jax.tree.leaves(results)
             self.store.set_many(outs, leaves, prog.out_nbytes, (name, sname))
             self._launches += 1
-            with self._room:
-                self._in_xla += 1
-            self._done.put(_Done(lid, outs, leaves, t0, None, name, sname, donated))
+            self.completions.dispatched(Done(lid, outs, leaves, t0, None, name, sname, donated))
         except Exception as exc:
             err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
             for hd in outs:
                 self.store.fail(hd, err)
             self._failures += 1
-            self._done.put(_Done(lid, outs, None, t0, err, name, sname, []))
-
-    # completion thread --------------------------------------------------------------
-    def _completion_loop(self) -> None:
-        acks: list[Any] = []
-        oldest = 0.0  # when the oldest unsent acknowledgement was made
-        queued: collections.deque[Any] = collections.deque()
-
-        def flush() -> None:
-            nonlocal acks
-            if acks:
-                self._send({"t": "acks", "items": acks})
-                acks = []
-
-        while True:
-            if not queued:
-                wait = None if not acks else max(0.0, oldest + _ACK_DELAY - time.monotonic())
-                try:
-                    queued.append(self._done.get(timeout=wait))
-                except queue.Empty:
-                    flush()  # nothing else finished in time: do not sit on them
-                    continue
-            while True:
-                try:
-                    queued.append(self._done.get_nowait())
-                except queue.Empty:
-                    break
-            count, expected = self._plan_wait(queued)
-            if acks and expected >= _ACK_DELAY:
-                flush()  # about to wait long: send what is done first
-            self._wait_for(queued, count)
-            computed: list[int] = []
-            for _ in range(count):
-                item = queued.popleft()
-                if item is _STOP:
-                    self.store.mark_ready(computed)
-                    flush()
-                    return
-                if not acks:
-                    oldest = time.monotonic()
-                acks.append(self._complete(item, computed))
-                self._runs_completed += 1
-            # One pass over the store for the whole group answers its waiting fetches.
-            self.store.mark_ready(computed)
-            # The controller needs acknowledgements only to refill the window and to
-            # account; launches that finished together go together, and they wait for
-            # company while more of this host's launches are about to finish.
-            inflight = self._runs_received - self._runs_completed
-            if (
-                inflight == 0
-                or len(acks) >= 256
-                or time.monotonic() - oldest >= _ACK_DELAY
-                or (inflight + len(acks) >= self._window and inflight <= self._ack_low_water)
-            ):
-                flush()
-
-    def _plan_wait(self, queued: collections.deque[Any]) -> tuple[int, float]:
-        """How many queued items to complete after one wait, and its expected seconds.
-
-        Short launches share one sleep: a run of queued launches expected to take under
-        _BATCH_WAIT together, ending early at one someone waits on (fetch,
-        block_until_ready). Launches on the same devices finish in order, so the ones
-        before the last are then done and their own waits return at once; on other
-        devices they wait. Long launches are waited for one by one, so nobody's answer
-        is held behind someone else's long program.
-        """
-        count, expected = 0, 0.0
-        for i, item in enumerate(queued):
-            if item is _STOP:
-                return i + 1, expected
-            cost = self._duration.get(item.name, _BATCH_WAIT)
-            if i and expected + cost > _BATCH_WAIT:
-                break
-            expected += cost
-            count = i + 1
-            if self.store.has_ready_waiters(item.outs):
-                break
-        return count, expected
-
-    def _wait_for(self, queued: collections.deque[Any], count: int) -> None:
-        """Wait for the last launch among the first ``count`` queued items."""
-        for i in range(count - 1, -1, -1):
-            item = queued[i]
-            if item is not _STOP and item.leaves is not None:
-                with contextlib.suppress(Exception):  # its own completion records a failure
-                    _wait_outputs(item.leaves, self._donated)
-                return
-
-    def _complete(self, item: _Done, computed: list[int]) -> list[Any]:
-        """Wait for one launch; record its outputs as failed or add them to ``computed``;
-        return its acknowledgement."""
-        lid, outs, leaves, t0, err, name, sname, donated = item
-        if leaves is not None:
-            with self._room:
-                self._in_xla -= 1
-                self._room.notify()
-        if err is None:
-            try:
-                _wait_outputs(leaves or [], self._donated)
-            except Exception as exc:
-                err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
-                for hd in outs:
-                    self.store.fail(hd, err)
-                self._failures += 1
-        if err is None:
-            computed.extend(outs)
-        # This launch ran, so the arrays it donated are gone for good: stop tracking them.
-        if donated:
-            self._donated.difference_update(id(a) for a in donated)
-        t1 = time.time()
-        start = max(t0, self._prev_end)
-        self._prev_end = t1
-        if err is None:
-            old = self._duration.get(name)
-            self._duration[name] = t1 - start if old is None else 0.8 * old + 0.2 * (t1 - start)
-        return [lid, start, t1, err.to_dict() if err is not None else None]
+            self.completions.failed(Done(lid, outs, None, t0, err, name, sname, []))
 
     def statistics(self) -> ExecutorStatistics:
         return ExecutorStatistics(
@@ -626,22 +469,8 @@ class Executor:
             executables=self.programs.executables,
             compiles=self.programs.compiles,
             launches=self._launches,
-            failures=self._failures,
+            failures=self._failures + self.completions.failures,
         )
-
-
-def _wait_outputs(leaves: list[Any], donated: set[int]) -> None:
-    """Wait for a launch's outputs; an output a later launch already donated is done."""
-    for leaf in leaves:
-        if leaf.is_deleted():
-            continue
-        try:
-            leaf.block_until_ready()
-        except Exception:
-            # A later program consumed it (donation), so it was computed. Anything else
-            # is the program's own failure.
-            if id(leaf) not in donated and not leaf.is_deleted():
-                raise
 
 
 def _run_key(h: dict[str, Any]) -> tuple[Any, ...]:

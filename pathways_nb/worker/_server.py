@@ -187,7 +187,10 @@ class Host:
 
     # called from other threads ------------------------------------------------------
     def _to_controller(self, header: dict[str, Any]) -> None:
-        self._outbox.send(_TO_CONTROLLER, encode(header))
+        if threading.get_ident() == self._loop_ident:
+            self._ctl.send_multipart(encode(header), copy=False)
+        else:
+            self._outbox.send(_TO_CONTROLLER, encode(header))
 
     def _to_client(self, identity: bytes, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
         if threading.get_ident() == self._loop_ident:

@@ -1,0 +1,257 @@
+"""A host's completions: launches in XLA's hands, waited for in order and acknowledged
+in batches on the completion thread, or at once where XLA finished them inline.
+
+The executor hands every launch it dispatched (or failed before dispatching) here, and
+waits for room before giving XLA more than the window allows. Shutdown: :meth:`stop`
+queues a sentinel behind every launch; :meth:`loop` returns once it reaches it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from pathways_nb._core import RemoteError
+from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._store import ObjectStore
+
+STOP = object()
+# Launches expected to finish within this many seconds together share one wait.
+_BATCH_WAIT = 2e-3
+# How long a finished launch's acknowledgement may wait for company: bounds how stale
+# the controller's accounting, the event log and the client's is_ready() can be.
+_ACK_DELAY = 2e-3
+
+
+class Done(NamedTuple):
+    """A dispatched launch, handed to the completion thread."""
+
+    lid: int
+    outs: list[int]
+    leaves: list[Any] | None  # None when it failed before running
+    t0: float
+    err: RemoteError | None
+    name: str
+    sname: str
+    donated: list[Any]
+
+
+class Completions:
+    """Waits for dispatched launches, marks their outputs ready, acknowledges them."""
+
+    def __init__(
+        self,
+        host: str,
+        store: ObjectStore,
+        send: Callable[[dict[str, Any]], None],
+        window: int,
+    ) -> None:
+        self.host = host
+        self.store = store
+        self._send = send
+        # With the window nearly full, acknowledgements go out once this host is down to
+        # half a window in flight, so the controller refills it before the devices run dry.
+        self.window = window
+        self._ack_low_water = max(1, window // 2)
+        self.received = 0  # launches the host received; the executor counts them
+        self.completed = 0
+        self.failures = 0  # launches that failed while XLA ran them
+        # Launches handed to XLA and not yet seen complete. The controller's window bounds
+        # this, except for launches it no longer counts because they were parked: when
+        # those resume, the dispatch thread keeps XLA's queue within the window.
+        self._in_xla = 0
+        self._room = threading.Condition()
+        # Measured seconds per program name (moving average): which launches are short.
+        self._duration: dict[str, float] = {}
+        self._prev_end = 0.0
+        # Held while completions are recorded (_complete and the counters it feeds): by
+        # the completion thread, or by a thread recording a launch that finished at once.
+        self._finishing = threading.Lock()
+        # ids of arrays a dispatched launch donates. XLA may free such a buffer before
+        # JAX marks the array deleted, so waiting on it must not read as a failure of the
+        # launch that made it.
+        self.donated: set[int] = set()
+        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def wait_for_room(self) -> None:
+        """Block until XLA holds fewer launches than the window."""
+        with self._room:
+            while self._in_xla >= self.window:
+                self._room.wait(0.1)
+
+    def failed(self, item: Done) -> None:
+        """A launch that failed before XLA ran it: acknowledged in order with the rest."""
+        self._done.put(item)
+
+    def stop(self) -> None:
+        self._done.put(STOP)
+
+    def dispatched(self, item: Done) -> None:
+        """A launch is in XLA's hands; its completion is recorded by the completion thread,
+        or here and now when it ran alone and XLA already finished it.
+
+        Small programs without collectives run inline in XLA:CPU's execute call. Recording
+        those at once answers a waiting fetch and acknowledges the launch without two
+        thread hand-offs (to the completion thread, then to the socket thread).
+        """
+        with self._room:
+            alone = self._in_xla == 0
+            self._in_xla += 1
+        if alone and self._finishing.acquire(blocking=False):
+            ack = None
+            computed: list[int] = []
+            try:
+                if self._done.empty() and all(_is_ready(leaf) for leaf in item.leaves or ()):
+                    ack = self._complete(item, computed)
+                    self.completed += 1
+            finally:
+                self._finishing.release()
+            if ack is not None:
+                self.store.mark_ready(computed)
+                self._send({"t": "acks", "items": [ack]})
+                return
+        self._done.put(item)
+
+    def loop(self) -> None:
+        acks: list[Any] = []
+        oldest = 0.0  # when the oldest unsent acknowledgement was made
+        queued: collections.deque[Any] = collections.deque()
+
+        def flush() -> None:
+            nonlocal acks
+            if acks:
+                self._send({"t": "acks", "items": acks})
+                acks = []
+
+        while True:
+            if not queued:
+                wait = None if not acks else max(0.0, oldest + _ACK_DELAY - time.monotonic())
+                try:
+                    queued.append(self._done.get(timeout=wait))
+                except queue.Empty:
+                    flush()  # nothing else finished in time: do not sit on them
+                    continue
+            while True:
+                try:
+                    queued.append(self._done.get_nowait())
+                except queue.Empty:
+                    break
+            count, expected = self._plan_wait(queued)
+            if acks and expected >= _ACK_DELAY:
+                flush()  # about to wait long: send what is done first
+            self._wait_for(queued, count)
+            computed: list[int] = []
+            stop = False
+            with self._finishing:
+                for _ in range(count):
+                    item = queued.popleft()
+                    if item is STOP:
+                        stop = True
+                        break
+                    if not acks:
+                        oldest = time.monotonic()
+                    acks.append(self._complete(item, computed))
+                    self.completed += 1
+            if stop:
+                self.store.mark_ready(computed)
+                flush()
+                return
+            # One pass over the store for the whole group answers its waiting fetches.
+            self.store.mark_ready(computed)
+            # The controller needs acknowledgements only to refill the window and to
+            # account; launches that finished together go together, and they wait for
+            # company while more of this host's launches are about to finish.
+            inflight = self.received - self.completed
+            if (
+                inflight == 0
+                or len(acks) >= 256
+                or time.monotonic() - oldest >= _ACK_DELAY
+                or (inflight + len(acks) >= self.window and inflight <= self._ack_low_water)
+            ):
+                flush()
+
+    def _plan_wait(self, queued: collections.deque[Any]) -> tuple[int, float]:
+        """How many queued items to complete after one wait, and its expected seconds.
+
+        Short launches share one sleep: a run of queued launches expected to take under
+        _BATCH_WAIT together, ending early at one someone waits on (fetch,
+        block_until_ready). Launches on the same devices finish in order, so the ones
+        before the last are then done and their own waits return at once; on other
+        devices they wait. Long launches are waited for one by one, so nobody's answer
+        is held behind someone else's long program.
+        """
+        count, expected = 0, 0.0
+        for i, item in enumerate(queued):
+            if item is STOP:
+                return i + 1, expected
+            cost = self._duration.get(item.name, _BATCH_WAIT)
+            if i and expected + cost > _BATCH_WAIT:
+                break
+            expected += cost
+            count = i + 1
+            if self.store.has_ready_waiters(item.outs):
+                break
+        return count, expected
+
+    def _wait_for(self, queued: collections.deque[Any], count: int) -> None:
+        """Wait for the last launch among the first ``count`` queued items."""
+        for i in range(count - 1, -1, -1):
+            item = queued[i]
+            if item is not STOP and item.leaves is not None:
+                with contextlib.suppress(Exception):  # its own completion records a failure
+                    _wait_outputs(item.leaves, self.donated)
+                return
+
+    def _complete(self, item: Done, computed: list[int]) -> list[Any]:
+        """Wait for one launch; record its outputs as failed or add them to ``computed``;
+        return its acknowledgement."""
+        lid, outs, leaves, t0, err, name, sname, donated = item
+        if leaves is not None:
+            with self._room:
+                self._in_xla -= 1
+                self._room.notify()
+        if err is None:
+            try:
+                _wait_outputs(leaves or [], self.donated)
+            except Exception as exc:
+                err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
+                for hd in outs:
+                    self.store.fail(hd, err)
+                self.failures += 1
+        if err is None:
+            computed.extend(outs)
+        # This launch ran, so the arrays it donated are gone for good: stop tracking them.
+        if donated:
+            self.donated.difference_update(id(a) for a in donated)
+        t1 = time.time()
+        start = max(t0, self._prev_end)
+        self._prev_end = t1
+        if err is None:
+            old = self._duration.get(name)
+            self._duration[name] = t1 - start if old is None else 0.8 * old + 0.2 * (t1 - start)
+        return [lid, start, t1, err.to_dict() if err is not None else None]
+
+
+def _wait_outputs(leaves: list[Any], donated: set[int]) -> None:
+    """Wait for a launch's outputs; an output a later launch already donated is done."""
+    for leaf in leaves:
+        if leaf.is_deleted():
+            continue
+        try:
+            leaf.block_until_ready()
+        except Exception:
+            # A later program consumed it (donation), so it was computed. Anything else
+            # is the program's own failure.
+            if id(leaf) not in donated and not leaf.is_deleted():
+                raise
+
+
+def _is_ready(leaf: Any) -> bool:
+    # Typed PRNG key arrays have no is_ready; their launches take the completion thread.
+    is_ready = getattr(leaf, "is_ready", None)
+    return bool(is_ready()) if is_ready is not None else False
