@@ -27,6 +27,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "mpmd": ([], ["--quick"]),
     "widgets": ([], ["--steps", "32", "--repeats", "1"]),
     "memory": ([], ["--programs", "2000", "--checkpoint", "500"]),
+    "scale": ([], ["--quick"]),
 }
 
 

@@ -36,3 +36,43 @@ def grouped_bars(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def lines(
+    path: str,
+    title: str,
+    xs: Sequence[float],
+    series: dict[str, Sequence[dict[str, float]]],
+    xlabel: str,
+    ylabel: str,
+    logx: bool = True,
+    hlines: dict[str, float] | None = None,
+) -> str:
+    """One line per series through the medians of ``summary()`` dicts, the min..max over
+    repeats as error bars; a log x axis by default (cluster sizes grow geometrically);
+    ``hlines`` draws dashed reference levels such as a target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, stats in series.items():
+        med = [s["median"] for s in stats]
+        err = [[s["median"] - s["min"] for s in stats], [s["max"] - s["median"] for s in stats]]
+        ax.errorbar(list(xs), med, yerr=err, fmt="o-", capsize=3, label=name)
+    for name, y in (hlines or {}).items():
+        ax.axhline(y, color="grey", linestyle="--", label=name)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(list(xs), [f"{x:,.0f}" for x in xs])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -132,6 +132,22 @@ def _memory(r: dict[str, Any]) -> list[Row]:
     return [("resident memory growth over the run", "", text, "", "< 50 MB")]
 
 
+def _scale(r: dict[str, Any]) -> list[Row]:
+    first, last = r["points"][0], r["points"][-1]
+    wall = [p["us_per_program"]["median"] for p in (first, last)]
+    cpu = [p["controller_cpu_us_per_program"]["median"] for p in (first, last)]
+    return [
+        (
+            f"controller cost per program, {first['devices']:,} → {last['devices']:,} "
+            f"devices, {last['live_arrays']:,} live arrays (µs)",
+            f"{first['devices']:,} devices {_fmt(wall[0])} (CPU {_fmt(cpu[0])})",
+            f"{last['devices']:,} devices {_fmt(wall[1])} (CPU {_fmt(cpu[1])})",
+            f"{r['ratio_1024_vs_8']:.2f}x",
+            f"≤ {r['target_ratio']:g}x",
+        )
+    ]
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -140,6 +156,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "mpmd": _mpmd,
     "widgets": _widgets,
     "memory": _memory,
+    "scale": _scale,
 }
 
 

@@ -209,7 +209,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
         cwd=Path(__file__).resolve().parents[1],
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    names = {"dispatch", "size", "training", "core", "mpmd", "widgets", "memory"}
+    names = {"dispatch", "size", "training", "core", "mpmd", "widgets", "memory", "scale"}
     assert set(summary["experiments"]) == names
     for name in names:
         result = json.loads((tmp_path / f"{name}.json").read_text())
@@ -222,8 +222,15 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     training = json.loads((tmp_path / "training.json").read_text())
     first = training["first_step_loss"]
     assert abs(first["pathways_nb"] - first["plain_jax"]) < 1e-4  # the same program
+    scale = json.loads((tmp_path / "scale.json").read_text())
+    assert [p["devices"] for p in scale["points"]] == [8, 64, 256, 1024]
+    biggest = scale["points"][-1]
+    assert biggest["hosts"] == 128 and biggest["controller_live_handles"] >= 10_000
+    assert set(biggest["us_per_program"]) == {"median", "min", "max", "n"}
+    assert scale["ratio_1024_vs_8"] > 0 and "flat_cost_le_2x" in scale["targets_met"]
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| measurement |") and "transfer" in table and "dispatch" in table
+    assert "controller cost per program" in table
 
 
 def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:

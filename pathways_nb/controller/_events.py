@@ -61,12 +61,10 @@ class EventLog:
         next time. Events are numbered in the order they were logged, from 0; those that
         fell off the ring are gone."""
         first = self.total - len(self._ring)  # the number of the oldest event kept
-        start = max(0, seq - first)
-        out = [
-            list(ev)
-            for ev in itertools.islice(self._ring, start, None)
-            if tenant is None or ev[2] in (0, tenant)
-        ]
+        # Walk in from the newest end: live views ask for the last few of a full ring.
+        newest = list(itertools.islice(reversed(self._ring), max(0, self.total - max(seq, first))))
+        newest.reverse()
+        out = [list(ev) for ev in newest if tenant is None or ev[2] in (0, tenant)]
         return out[-limit:], self.total
 
     def __len__(self) -> int:

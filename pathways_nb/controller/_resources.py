@@ -40,7 +40,9 @@ class SliceInfo:
         return math.prod(self.mesh.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Shallow copies: dataclasses.asdict deep-copies field by field, and status
+        # snapshots build one per slice on the controller thread.
+        return {**vars(self), "mesh": dict(self.mesh), "devices": list(self.devices)}
 
 
 class ResourceManager:
@@ -160,7 +162,7 @@ class ResourceManager:
     def snapshot(self) -> dict[str, Any]:
         hosts = []
         for h in self.hosts.values():
-            d = dataclasses.asdict(h)
+            d = {**vars(h), "devices": list(h.devices)}
             d["used"] = sorted(self._used.get(h.host, ()))
             hosts.append(d)
         return {

@@ -120,3 +120,5 @@ def test_after_returns_only_events_logged_since_a_cursor() -> None:
     events, _ = log.after(0)  # what fell off is gone; the rest comes back in order
     assert [e[3] for e in events] == [3, 9, 1, 2]
     assert [e[3] for e in log.after(3, tenant=1)[0]] == [1, 2]
+    assert log.after(99) == ([], 6)  # a cursor from the future: nothing yet
+    assert [e[3] for e in log.after(5)[0]] == [2]  # the newest alone, from a full ring
