@@ -410,7 +410,18 @@ class Client(ProgramCalls):
 
     def status(self) -> Status:
         """A snapshot of the cluster: islands, devices, slices, tenants."""
-        return Status.from_reply(self._ask({"t": "status"})["status"])
+        return Status.from_reply(self._status_reply())
+
+    def _status_reply(self) -> dict[str, Any]:
+        """The controller's status snapshot as it came (live widgets skip the DataFrames)."""
+        reply: dict[str, Any] = self._ask({"t": "status"})["status"]
+        return reply
+
+    def _event_rows(self, after: int) -> tuple[list[list[Any]], int]:
+        """This client's events logged after the ``after``-th, as rows in the event
+        log's field order, and the cursor for next time (for live widgets)."""
+        h = self._ask({"t": "events", "since": 0.0, "all": False, "after": int(after)})
+        return h["events"], int(h["next"])
 
     def events(
         self, since: float = 0.0, all_tenants: bool = False, after: int | None = None

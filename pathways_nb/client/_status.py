@@ -27,71 +27,13 @@ class Status:
     def from_reply(s: dict[str, Any]) -> Status:
         import pandas as pd
 
-        islands, devices = [], []
-        owner: dict[tuple[str, int], str] = {}
-        for sl in s["slices"]:
-            if sl["state"] == "active":
-                for d in sl["devices"]:
-                    owner[(sl["host"], d)] = sl["name"]
-        for h in s["hosts"]:
-            islands.append(
-                {
-                    "island": h["island"],
-                    "host": h["host"],
-                    "alive": h["alive"],
-                    "platform": h["platform"],
-                    "process": h["process"],
-                    "devices": len(h["devices"]),
-                    "free": len(h["devices"]) - len(h["used"]) if h["alive"] else 0,
-                    "queued": s["queued"].get(h["island"], 0),
-                }
-            )
-            for d in h["devices"]:
-                devices.append(
-                    {
-                        "island": h["island"],
-                        "host": h["host"],
-                        "device": d,
-                        "slice": owner.get((h["host"], d), ""),
-                    }
-                )
-        slices = pd.DataFrame(
-            [
-                {
-                    "slice": x["slice"],
-                    "name": x["name"],
-                    "tenant": x["tenant"],
-                    "mesh": x["mesh"],
-                    "island": x["island"],
-                    "host": x["host"],
-                    "devices": x["devices"],
-                    "state": x["state"],
-                }
-                for x in s["slices"]
-            ],
-            columns=["slice", "name", "tenant", "mesh", "island", "host", "devices", "state"],
-        )
+        t = tables(s)
         return Status(
-            islands=pd.DataFrame(
-                islands,
-                columns=[
-                    "island",
-                    "host",
-                    "alive",
-                    "platform",
-                    "process",
-                    "devices",
-                    "free",
-                    "queued",
-                ],
-            ),
-            devices=pd.DataFrame(devices, columns=["island", "host", "device", "slice"]),
-            slices=slices,
-            tenants=pd.DataFrame(
-                s["tenants"],
-                columns=["tenant", "name", "weight", "launches", "pending", "device_seconds"],
-            ),
-            events=events_frame(s.get("events") or []),
+            islands=pd.DataFrame(t["islands"], columns=list(ISLAND_COLUMNS)),
+            devices=pd.DataFrame(t["devices"], columns=list(DEVICE_COLUMNS)),
+            slices=pd.DataFrame(t["slices"], columns=list(SLICE_COLUMNS)),
+            tenants=pd.DataFrame(t["tenants"], columns=list(TENANT_COLUMNS)),
+            events=events_frame(t["events"]),
             queued=dict(s["queued"]),
             inflight=dict(s["inflight"]),
             events_total=int(s["events_total"]),
@@ -99,12 +41,14 @@ class Status:
         )
 
     def __repr__(self) -> str:
-        n_dev = len(self.devices)
-        used = int((self.devices["slice"] != "").sum()) if n_dev else 0
         lines = [
-            f"pathways_nb cluster: {len(self.islands)} islands, "
-            f"{n_dev} devices ({used} in slices), "
-            f"{len(self.slices)} slices, {len(self.tenants)} tenants, window {self.window}",
+            summary_line(
+                len(self.islands),
+                list(self.devices["slice"]),
+                len(self.slices),
+                len(self.tenants),
+                self.window,
+            ),
             "",
             "islands:",
             self.islands.to_string(index=False) if len(self.islands) else "  (none)",
@@ -113,6 +57,57 @@ class Status:
             self.slices.to_string(index=False) if len(self.slices) else "  (none)",
         ]
         return "\n".join(lines)
+
+
+ISLAND_COLUMNS = ("island", "host", "alive", "platform", "process", "devices", "free", "queued")
+DEVICE_COLUMNS = ("island", "host", "device", "slice")
+SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices", "state")
+TENANT_COLUMNS = ("tenant", "name", "weight", "launches", "pending", "device_seconds")
+
+
+def tables(s: dict[str, Any]) -> dict[str, list[Any]]:
+    """The rows of a status reply's tables, as plain lists (the columns above; events in
+    the event log's FIELDS). Live widgets draw these without building DataFrames."""
+    islands, devices = [], []
+    owner: dict[tuple[str, int], str] = {}
+    for sl in s["slices"]:
+        if sl["state"] == "active":
+            for d in sl["devices"]:
+                owner[(sl["host"], d)] = sl["name"]
+    for h in s["hosts"]:
+        free = len(h["devices"]) - len(h["used"]) if h["alive"] else 0
+        islands.append(
+            [
+                h["island"],
+                h["host"],
+                h["alive"],
+                h["platform"],
+                h["process"],
+                len(h["devices"]),
+                free,
+                s["queued"].get(h["island"], 0),
+            ]
+        )
+        for d in h["devices"]:
+            devices.append([h["island"], h["host"], d, owner.get((h["host"], d), "")])
+    return {
+        "islands": islands,
+        "devices": devices,
+        "slices": [[x[c] for c in SLICE_COLUMNS] for x in s["slices"]],
+        "tenants": [[x[c] for c in TENANT_COLUMNS] for x in s["tenants"]],
+        "events": list(s.get("events") or []),
+    }
+
+
+def summary_line(
+    islands: int, device_slices: list[str], slices: int, tenants: int, window: int
+) -> str:
+    """The first line of a status repr: counts of islands, devices, slices, tenants."""
+    used = sum(1 for x in device_slices if x)
+    return (
+        f"pathways_nb cluster: {islands} islands, {len(device_slices)} devices "
+        f"({used} in slices), {slices} slices, {tenants} tenants, window {window}"
+    )
 
 
 def events_frame(rows: list[list[Any]]) -> Any:

@@ -22,6 +22,15 @@ import pandas as pd
 import traitlets
 
 from pathways_nb.client import Client, DataflowGraph
+from pathways_nb.client._status import (
+    DEVICE_COLUMNS,
+    ISLAND_COLUMNS,
+    SLICE_COLUMNS,
+    TENANT_COLUMNS,
+    summary_line,
+    tables,
+)
+from pathways_nb.client._status import FIELDS as EVENT_FIELDS
 from pathways_nb.viz._svg import timeline_svg
 from pathways_nb.viz._timeline import Tracker
 
@@ -129,9 +138,8 @@ class TimelineWidget(_Live):
 
     def refresh(self) -> None:
         # Only events logged since the last refresh cross the wire and get looked at.
-        ev = self._client.events(after=self._cursor)
-        self._cursor = int(ev.attrs.get("next", self._cursor))
-        if len(ev) == 0 and self.rows and self.last is None:
+        ev, self._cursor = self._client._event_rows(self._cursor)
+        if not ev and self.rows and self.last is None:
             return  # nothing new to draw
         self._tracker.add(ev)
         records, lanes_ = self._tracker.records(self.last)
@@ -208,18 +216,28 @@ class StatusWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        st = self._client.status()
-        self.summary = repr(st).splitlines()[0]
+        # Straight from the snapshot's rows: DataFrames and their to_html would cost the
+        # notebook's kernel ten times as much, every refresh.
+        s = self._client._status_reply()
+        t = tables(s)
+        self.summary = summary_line(
+            len(t["islands"]),
+            [d[3] for d in t["devices"]],
+            len(t["slices"]),
+            len(t["tenants"]),
+            int(s["window"]),
+        )
+        events = [[_clock(e[0]), *e[1:]] for e in t["events"]]
         parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
-        for title, df in (
-            ("islands", st.islands),
-            ("devices", st.devices),
-            ("slices", st.slices),
-            ("tenants", st.tenants),
-            ("latest events", st.events),
+        for title, columns, rows in (
+            ("islands", ISLAND_COLUMNS, t["islands"]),
+            ("devices", DEVICE_COLUMNS, t["devices"]),
+            ("slices", SLICE_COLUMNS, t["slices"]),
+            ("tenants", TENANT_COLUMNS, t["tenants"]),
+            ("latest events", EVENT_FIELDS, events),
         ):
             parts.append(f"<h4>{title}</h4>")
-            parts.append(df.to_html(index=False, border=0) if len(df) else "<p>none</p>")
+            parts.append(_html_table(columns, rows) if rows else "<p>none</p>")
         self.html = "".join(parts)
         self.updated = time.time()
 
@@ -245,24 +263,22 @@ class DevicesWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        st = self._client.status()
-        ev = self._client.events(after=self._cursor)
-        self._cursor = int(ev.attrs.get("next", self._cursor))
-        if len(ev):
-            ran = ev[(ev.kind == "start") & (ev.program != "transfer")]
-            for s, p in zip(ran.slice, ran.program, strict=True):
-                self._last[str(s)] = str(p)
-        names = dict(zip(st.slices.slice, st.slices.name, strict=True)) if len(st.slices) else {}
-        by_name = {v: k for k, v in names.items()}
+        t = tables(self._client._status_reply())
+        ev, self._cursor = self._client._event_rows(self._cursor)
+        for e in ev:  # time, kind, tenant, lid, program, slice, ...
+            if e[1] == "start" and e[4] != "transfer":
+                self._last[str(e[5])] = str(e[4])
+        # Devices name the slice that holds them; the event log names slices by id.
+        by_name = {x[1]: x[0] for x in t["slices"]}
         rows = []
-        for d in st.devices.itertuples(index=False):
-            sid = by_name.get(d.slice, "")
+        for island, _host, device, sname in t["devices"]:
+            sid = by_name.get(sname, "")
             rows.append(
                 {
-                    "island": d.island,
-                    "device": int(d.device),
-                    "slice": d.slice,
-                    "program": self._last.get(sid, "") if d.slice else "",
+                    "island": island,
+                    "device": int(device),
+                    "slice": sname,
+                    "program": self._last.get(sid, "") if sname else "",
                 }
             )
         self.devices = rows
@@ -275,3 +291,16 @@ class DevicesWidget(_Live):
     def __repr__(self) -> str:
         held = sum(1 for d in self.devices if d["slice"])
         return f"<DevicesWidget: {len(self.devices)} devices, {held} held by slices>"
+
+
+def _clock(t: float) -> str:
+    """An event time as the status table shows it: UTC, to the microsecond."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}"
+
+
+def _html_table(columns: tuple[str, ...], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows
+    )
+    return f'<table class="dataframe"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
