@@ -43,6 +43,24 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+# Chained runs wait on every 16th result, ours and every baseline alike: plain JAX on CPU
+# aborts with ~64 or more collective programs queued.
+WAIT_EVERY = 16
+
+
+def chain(f: Callable[[Any], Any], x0: Any, calls: int) -> Any:
+    """``calls`` dependent calls ``x = f(x)`` from ``x0``, waiting on every
+    ``WAIT_EVERY``-th result and on the last; returns the last. The same code drives a
+    ``jax.Array`` and a ``RemoteArray`` (both answer ``block_until_ready``)."""
+    x = x0
+    for i in range(calls):
+        x = f(x)
+        if i % WAIT_EVERY == WAIT_EVERY - 1:
+            x.block_until_ready()
+    x.block_until_ready()
+    return x
+
+
 def write(result: dict[str, Any], path: str | None) -> None:
     text = json.dumps(result, indent=2, sort_keys=True)
     if path:

@@ -31,10 +31,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import machine, summary, timed, write
+from benchmarks._common import WAIT_EVERY, chain, machine, summary, timed, write
 
 SIZE = 4 * 256
-WAIT_EVERY = 16
 
 
 def allreduce_add(x: jax.Array) -> jax.Array:
@@ -57,20 +56,15 @@ def measure(
     f(x0).block_until_ready()
     np.asarray(g(x0))
 
-    def chain() -> None:
-        x = x0
-        for i in range(calls):
-            x = f(x)
-            if i % WAIT_EVERY == WAIT_EVERY - 1:
-                x.block_until_ready()
-        x.block_until_ready()
+    def chained() -> None:
+        chain(f, x0, calls)
 
     def rt() -> None:
         for _ in range(roundtrips):
             np.asarray(g(x0))
 
     before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
-    seconds = timed(chain)
+    seconds = timed(chained)
     cpu = {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in procs.items()}
     return seconds, timed(rt) / roundtrips, cpu
 
@@ -119,7 +113,7 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
             pw_chain.append(calls / c)
             pw_rt.append(r)
             pw_cpu.append(cpu)
-    chained = {
+    chained: dict[str, Any] = {
         "plain_jax_calls_per_s": summary(jax_chain),
         "pathways_calls_per_s": summary(pw_chain),
     }
@@ -132,7 +126,7 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
         side: {k: 1e6 * statistics.median(c[k] for c in runs) for k in procs}
         for side, runs in (("plain_jax", jax_cpu), ("pathways", pw_cpu))
     }
-    roundtrip = {"plain_jax_s": summary(jax_rt), "pathways_s": summary(pw_rt)}
+    roundtrip: dict[str, Any] = {"plain_jax_s": summary(jax_rt), "pathways_s": summary(pw_rt)}
     roundtrip["ratio"] = roundtrip["pathways_s"]["median"] / roundtrip["plain_jax_s"]["median"]
     roundtrip["target_pathways_s"] = 1e-3
     return {

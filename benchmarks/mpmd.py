@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="benchmarks/results/mpmd.json")
     args = ap.parse_args(argv)
     q = args.quick
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "mpmd",
         "machine": machine(),
         "pipeline": pipeline_vs_spmd(

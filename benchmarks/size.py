@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 
 import pathways_nb as pw
-from benchmarks._common import machine, quick_main, summary
+from benchmarks._common import WAIT_EVERY, chain, machine, quick_main, summary
 
-WAIT_EVERY = 16
 TARGET = 0.95
 
 
@@ -39,12 +38,7 @@ def program(x: Any) -> Any:
 def chained(f: Any, x0: Any, calls: int) -> float:
     f(x0).block_until_ready()
     t0 = time.perf_counter()
-    x = x0
-    for i in range(calls):
-        x = f(x)
-        if i % WAIT_EVERY == WAIT_EVERY - 1:
-            x.block_until_ready()
-    x.block_until_ready()
+    chain(f, x0, calls)
     return calls / (time.perf_counter() - t0)
 
 

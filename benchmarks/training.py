@@ -105,7 +105,7 @@ def make_step(cfg: dict[str, int], opt: Any) -> Any:
 
 def loop(step: Any, params: Any, state: Any, tokens: Any, steps: int) -> tuple[Any, Any, float]:
     t0 = time.perf_counter()
-    loss = None
+    loss: Any = None
     for i in range(steps):
         params, state, loss = step(params, state, tokens)
         if i % 8 == 7:

@@ -32,7 +32,7 @@ SIZES = (64, 256, 256, 8)
 
 def loop(step: Any, params: Any, x: Any, y: Any, steps: int) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    loss = None
+    loss: Any = None
     for i in range(steps):
         params, loss = step(params, x, y)
         if i % 16 == 15:
@@ -42,7 +42,8 @@ def loop(step: Any, params: Any, x: Any, y: Any, steps: int) -> tuple[Any, float
 
 
 def run(steps: int, repeats: int) -> dict[str, Any]:
-    plain, watched = [], []
+    plain: list[float] = []
+    watched: list[float] = []
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
         pw.Client(cluster) as client,
