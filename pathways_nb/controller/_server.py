@@ -22,7 +22,6 @@ from pathways_nb._core import (
     BusyError,
     ClosedError,
     Config,
-    DataLossError,
     ProtocolError,
     RemoteError,
     Versions,
@@ -30,9 +29,10 @@ from pathways_nb._core import (
     local_versions,
 )
 from pathways_nb.controller._events import EventLog
+from pathways_nb.controller._hosts import HostMessages
 from pathways_nb.controller._records import Launch, Program
 from pathways_nb.controller._requests import ClientRequests
-from pathways_nb.controller._resources import HostInfo, ResourceManager
+from pathways_nb.controller._resources import ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics
 from pathways_nb.controller._tenants import Tenant, Tenants
 from pathways_nb.wire import Outbox, bind, check, decode, encode, encode_batch, pack, receive
@@ -62,7 +62,6 @@ _CLIENT_TYPES = frozenset(
     }
 )
 _BATCHABLE = frozenset({"launch", "transfer", "put_note", "delete", "heartbeat"})
-_HOST_TYPES = frozenset({"register", "acks", "parked", "host_reply", "heartbeat"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +79,7 @@ class ControllerStatistics:
     scheduler: SchedulerStatistics
 
 
-class Controller(ClientRequests):
+class Controller(ClientRequests, HostMessages):
     """Places virtual slices and gang-schedules programs onto hosts.
 
     ``Controller().start()`` binds two sockets (``client_address``, ``host_address``) and
@@ -260,174 +259,6 @@ class Controller(ClientRequests):
                 raise
             self._lose_host(host, "its connection to the controller is gone")
             return False
-
-    # hosts --------------------------------------------------------------------------
-    def _on_host_frames(self, frames: list[Any]) -> None:
-        identity = bytes(frames[0].buffer)
-        try:
-            msg = decode(frames[1:], self.config.max_control_message)
-            kind = check(msg.header, _HOST_TYPES)
-        except ProtocolError as exc:
-            self._hosts.send_multipart([identity, *encode(error_header(str(exc)))])
-            return
-        h = msg.header
-        host = self._ident_host.get(identity)
-        if host is not None:
-            self._host_seen[host] = time.monotonic()
-        if kind == "register":
-            self._register_host(identity, h)
-            return
-        if host is None:
-            self._hosts.send_multipart(
-                [identity, *encode(error_header("register before sending anything else"))]
-            )
-            return
-        if kind == "acks":
-            self._on_acks(host, h["items"])
-        elif kind == "parked":
-            # Launches waiting on the host for a transfer hold no window slot.
-            for lid in h["lids"]:
-                if isinstance(lid, int):
-                    self.scheduler.release(lid)
-        elif kind == "host_reply":
-            target = self._probes.pop(h["rid"], None)
-            if target is not None:
-                ident, crid, _ = target
-                reply = dict(h)
-                reply["t"], reply["rid"] = "reply", crid
-                self._send_client(ident, reply)
-
-    def _register_host(self, identity: bytes, h: dict[str, Any]) -> None:
-        try:
-            versions = Versions.from_dict(h.get("versions"))
-        except ValueError as exc:
-            self._hosts.send_multipart([identity, *encode({"t": "refuse", "reason": str(exc)})])
-            return
-        why = self.versions.mismatch(versions, "controller", f"host {h['host']}")
-        if why is not None:
-            self._hosts.send_multipart([identity, *encode({"t": "refuse", "reason": why})])
-            return
-        host = h["host"]
-        if host in self._host_ident and self.rm.hosts[host].alive:
-            self._lose_host(host, "it registered again (restarted)")
-        info = HostInfo(
-            host=host,
-            island=h["island"],
-            devices=[int(d) for d in h["devices"]],
-            data_address=h["data_address"],
-            process=h["process"],
-            platform=h["platform"],
-        )
-        self.rm.add_host(info)
-        self.scheduler.add_island(info.island, info.process)
-        self._host_ident[host] = identity
-        self._ident_host[identity] = host
-        self._host_seen[host] = time.monotonic()
-        self._host_versions[host] = versions
-        self._host_programs[host] = set()
-        self.events.add(
-            "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
-        )
-        self._hosts.send_multipart([identity, *encode({"t": "welcome"})])
-
-    def _on_acks(self, host: str, items: list[Any]) -> None:
-        by_tenant: dict[int, list[Any]] = {}
-        for item in items:
-            lid, t0, t1, err = item[:4]
-            rec = self._launches.pop(lid, None)
-            if rec is None:
-                continue
-            detail = err.get("kind", "") if err else ""
-            if rec.name == "transfer":
-                # A transfer's destination reports it: from the source's first byte to
-                # the array assembled here.
-                self._transfers.pop(lid, None)
-                info = item[4] if len(item) > 4 and isinstance(item[4], dict) else {}
-                detail = f"{info.get('source', '?')}→{host} {info.get('bytes', 0)} B" + (
-                    f" {detail}" if detail else ""
-                )
-            else:
-                self.scheduler.complete(lid, max(0.0, t1 - t0))
-            self.events.add("start", rec.tenant, lid, rec.name, rec.slice, rec.island, host, at=t0)
-            self.events.add(
-                "error" if err else "end",
-                rec.tenant,
-                lid,
-                rec.name,
-                rec.slice,
-                rec.island,
-                host,
-                detail=detail,
-                at=t1,
-            )
-            t = self.tenants.by_id.get(rec.tenant)
-            if t is not None:
-                t.device_seconds += max(0.0, t1 - t0)
-                t.pending -= 1
-            by_tenant.setdefault(rec.tenant, []).append([lid, err])
-        self._send_done(by_tenant)
-
-    def _send_done(self, by_tenant: dict[int, list[Any]]) -> None:
-        for tenant, done in by_tenant.items():
-            t = self.tenants.by_id.get(tenant)
-            if t is not None:
-                self._send_client(t.identity, {"t": "done", "items": done})
-
-    def _lose_host(self, host: str, reason: str) -> None:
-        info = self.rm.hosts.get(host)
-        if info is None or not info.alive:
-            return
-        lost = self.rm.lose_host(host)
-        self._host_seen.pop(host, None)
-        ident = self._host_ident.pop(host, None)
-        if ident is not None:
-            self._ident_host.pop(ident, None)
-        self.events.add("host_lost", island=info.island, host=host, detail=reason)
-        log.warning("host %s lost: %s", host, reason)
-        err = DataLossError(
-            f"host {host} was lost ({reason}) before this program finished",
-            host=host,
-        )
-        failed = self.scheduler.fail_island(info.island)
-        by_tenant: dict[int, list[Any]] = {}
-        for w in failed:
-            rec = self._launches.pop(w.lid, None)
-            if rec is not None:
-                d = err.to_dict() | {"program": rec.name, "slice": rec.slice}
-                by_tenant.setdefault(rec.tenant, []).append([w.lid, d])
-                t = self.tenants.by_id.get(rec.tenant)
-                if t is not None:
-                    t.pending -= 1
-        # Transfers from or to that host will not complete: the destination learns why.
-        for lid, (src, dst, handle) in list(self._transfers.items()):
-            if host not in (src, dst):
-                continue
-            del self._transfers[lid]
-            rec = self._launches.pop(lid, None)
-            if rec is None:
-                continue
-            d = err.to_dict() | {"program": "transfer", "slice": rec.slice}
-            by_tenant.setdefault(rec.tenant, []).append([lid, d])
-            t = self.tenants.by_id.get(rec.tenant)
-            if t is not None:
-                t.pending -= 1
-            if dst != host:
-                self._send_host(dst, {"t": "fail_outputs", "handles": [handle], "error": d})
-        self._send_done(by_tenant)
-        # A compile that host was doing for a client will never answer: say why now.
-        for rid, (ident, crid, where) in list(self._probes.items()):
-            if where == host:
-                del self._probes[rid]
-                self._send_client(ident, {"t": "reply", "rid": crid, "error": err.to_dict()})
-        per_tenant: dict[int, list[str]] = {}
-        for s in lost:
-            per_tenant.setdefault(s.tenant, []).append(s.slice)
-            for hd in self._slice_handles.pop(s.slice, set()):
-                self._where.pop(hd, None)
-        for tenant, sids in per_tenant.items():
-            t = self.tenants.by_id.get(tenant)
-            if t is not None:
-                self._send_client(t.identity, {"t": "host_lost", "host": host, "slices": sids})
 
     # clients ------------------------------------------------------------------------
     def _on_client_frames(self, frames: list[Any]) -> None:
