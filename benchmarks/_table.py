@@ -18,17 +18,31 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}"
 
 
+# The dispatch baselines in the order they are listed; Ray and ipyparallel appear only
+# when the run had them (installed, and able to start).
+_DISPATCH_BASELINES = {
+    "jax": "JAX",
+    "dask_actors": "Dask actors",
+    "ray_actors": "Ray actors",
+    "ipyparallel": "ipyparallel",
+}
+
+
 def _dispatch(r: dict[str, Any]) -> list[Row]:
     t = r["programs_per_s"]
     rows = []
     for mode in ("opbyop", "chained", "fused"):
         jax_ = t["jax"][mode]["median"]
         ours = t["pathways_nb"][mode]["median"]
-        dask = t["dask_actors"][mode]["median"]
+        baselines = ", ".join(
+            f"{label} {_fmt(t[system][mode]['median'])}"
+            for system, label in _DISPATCH_BASELINES.items()
+            if system in t
+        )
         rows.append(
             (
                 f"dispatch {mode} (programs/s)",
-                f"JAX {_fmt(jax_)}, Dask actors {_fmt(dask)}",
+                baselines,
                 _fmt(ours),
                 f"{ours / jax_:.2f}x",
                 "",

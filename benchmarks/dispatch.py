@@ -1,5 +1,5 @@
 """Dispatch (the paper's Fig. 5): one small 4-device program in three modes, for
-pathways_nb, plain ``jax.jit`` and Dask actors, side by side in one run.
+pathways_nb, plain ``jax.jit`` and actor frameworks, side by side in one run.
 
     python -m benchmarks.dispatch [--quick] [--json benchmarks/results/dispatch.json]
 
@@ -8,9 +8,17 @@ pathways_nb, plain ``jax.jit`` and Dask actors, side by side in one run.
   (plain JAX on CPU aborts with ~64 or more collective programs queued).
 - Fused: the N steps compiled into one program (``lax.fori_loop``), called once.
 
-The program is an all-reduce and an add over 4 simulated CPU devices. Dask actors hold
-the same jitted function on a Dask worker with 4 devices; each call is an actor method
-call. Ray and ipyparallel are listed under "skipped" with the reason.
+The program is an all-reduce and an add over 4 simulated CPU devices. The actor columns
+hold the same jitted function and fused program (``JaxActor``) in one process of their own
+with 4 devices, and each call is a remote method call measured the same way in each:
+
+- ``dask_actors``: a Dask actor on a one-worker ``LocalCluster``.
+- ``ray_actors``: a Ray actor on a local ``ray.init`` (only when ``ray`` is installed).
+- ``ipyparallel``: one engine of an ``ipyparallel.Cluster``, the actor in the engine's
+  namespace, called through a DirectView (only when ``ipyparallel`` is installed).
+
+Ray and ipyparallel come with ``pip install .[bench]``. A column whose package is missing,
+or whose framework fails to start here, is listed under "skipped" with the reason.
 """
 
 from __future__ import annotations
@@ -24,16 +32,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import importlib.util
 import time
+import traceback
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 import pathways_nb as pw
-from benchmarks._common import machine, quick_main, summary
+from benchmarks._common import WAIT_EVERY, chain, machine, quick_main, summary
 
 SIZE = 4 * 256
-WAIT_EVERY = 16
 MODES = ("opbyop", "chained", "fused")
 
 
@@ -65,12 +74,7 @@ def _rates(
         x = wait(call(x))
     out["opbyop"] = n / (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    x = x0
-    for i in range(n):
-        x = call(x)
-        if i % WAIT_EVERY == WAIT_EVERY - 1:
-            wait(x)
-    wait(x)
+    chain(call, x0, n)
     out["chained"] = n / (time.perf_counter() - t0)
     t0 = time.perf_counter()
     wait(fused_call(x0))
@@ -102,7 +106,8 @@ def pathways(client: pw.Client, n: int) -> dict[str, float]:
 
 
 class JaxActor:
-    """A Dask actor holding the jitted step and its state on a worker with 4 devices."""
+    """The jitted step, the fused program and their state, held in another process with 4
+    devices: a Dask actor on a worker, a Ray actor, or an object in an ipyparallel engine."""
 
     def __init__(self, n: int) -> None:
         import jax
@@ -128,10 +133,49 @@ class JaxActor:
         self.x.block_until_ready()
 
 
+# The actor's process gets its 4 simulated devices from these, set before it imports JAX.
+ACTOR_ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+
+def _actor_rates(
+    method: Callable[[str], Any], result: Callable[[Any], Any], n: int
+) -> dict[str, float]:
+    """Programs per second in each mode, for a ``JaxActor`` in another process:
+    ``method(name)`` calls one of its methods remotely and returns a future, ``result``
+    waits for that future. The same measurement for every actor framework."""
+    result(method("call"))
+    result(method("wait"))
+    result(method("fused"))
+    out = {}
+    result(method("reset"))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        result(method("call"))
+        result(method("wait"))
+    out["opbyop"] = n / (time.perf_counter() - t0)
+    result(method("reset"))
+    t0 = time.perf_counter()
+    futures = []
+    for i in range(n):
+        futures.append(method("call"))
+        if i % WAIT_EVERY == WAIT_EVERY - 1:
+            for fu in futures:
+                result(fu)
+            futures = []
+            result(method("wait"))
+    for fu in futures:
+        result(fu)
+    result(method("wait"))
+    out["chained"] = n / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    result(method("fused"))
+    out["fused"] = n / (time.perf_counter() - t0)
+    return out
+
+
 def dask_actors(n: int) -> dict[str, float]:
     from distributed import Client, LocalCluster
 
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     with (
         LocalCluster(
             n_workers=1,
@@ -139,39 +183,78 @@ def dask_actors(n: int) -> dict[str, float]:
             processes=True,
             dashboard_address=None,
             worker_dashboard_address=None,
-            env=env,
+            env=ACTOR_ENV,
         ) as cluster,
         Client(cluster) as dc,
     ):
         actor = dc.submit(JaxActor, n, actor=True).result()
-        actor.call().result()
-        actor.wait().result()
-        actor.fused().result()
-        out = {}
-        actor.reset().result()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            actor.call().result()
-            actor.wait().result()
-        out["opbyop"] = n / (time.perf_counter() - t0)
-        actor.reset().result()
-        t0 = time.perf_counter()
-        futures = []
-        for i in range(n):
-            futures.append(actor.call())
-            if i % WAIT_EVERY == WAIT_EVERY - 1:
-                for fu in futures:
-                    fu.result()
-                futures = []
-                actor.wait().result()
-        for fu in futures:
-            fu.result()
-        actor.wait().result()
-        out["chained"] = n / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        actor.fused().result()
-        out["fused"] = n / (time.perf_counter() - t0)
-    return out
+        return _actor_rates(lambda name: getattr(actor, name)(), lambda fu: fu.result(), n)
+
+
+def ray_actors(n: int, repeats: int) -> list[dict[str, float]]:
+    """One Ray actor process on a local Ray instance, started once for all repeats (Ray
+    takes ~20 s to start here) and shut down before returning."""
+    import logging
+
+    # Optional (the bench extra): typed when installed, missing in a plain test install.
+    import ray
+
+    try:  # a failed start may have left processes behind: shut down is safe either way
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        actor = ray.remote(JaxActor).options(runtime_env={"env_vars": ACTOR_ENV}).remote(n)
+        return [
+            _actor_rates(lambda name: getattr(actor, name).remote(), ray.get, n)
+            for _ in range(repeats)
+        ]
+    finally:
+        ray.shutdown()
+
+
+def ipyparallel_engine(n: int, repeats: int) -> list[dict[str, float]]:
+    """One ipyparallel engine (and its controller), started once for all repeats: the
+    actor lives in the engine's namespace and each call applies a ``JaxActor`` method to
+    it through a DirectView."""
+    import logging
+
+    # Optional (the bench extra), and untyped.
+    import ipyparallel as ipp
+    from traitlets.config import Config
+
+    config = Config()
+    config.EngineLauncher.environment = ACTOR_ENV
+    cluster = ipp.Cluster(n=1, load_profile=False, config=config, log_level=logging.WARNING)
+    try:
+        rc = cluster.start_and_connect_sync()
+        try:
+            view = rc[0]
+            view.execute(
+                f"from benchmarks.dispatch import JaxActor\nactor = JaxActor({n})", block=True
+            )
+            actor = ipp.Reference("actor")
+            return [
+                _actor_rates(
+                    lambda name: view.apply(getattr(JaxActor, name), actor),
+                    lambda ar: ar.get(),
+                    n,
+                )
+                for _ in range(repeats)
+            ]
+        finally:
+            rc.close()
+    finally:
+        cluster.stop_cluster_sync()
+
+
+# Optional columns: (package, column, measure(n, repeats)).
+OPTIONAL: tuple[tuple[str, str, Callable[[int, int], list[dict[str, float]]]], ...] = (
+    ("ray", "ray_actors", ray_actors),
+    ("ipyparallel", "ipyparallel", ipyparallel_engine),
+)
 
 
 def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
@@ -188,14 +271,17 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
             samples["pathways_nb"].append(pathways(client, n))
     for _ in range(repeats):
         samples["dask_actors"].append(dask_actors(n))
-    skipped = {
-        name: (
-            "not installed"
-            if importlib.util.find_spec(name) is None
-            else "installed, but this experiment has no column for it yet"
-        )
-        for name in ("ray", "ipyparallel")
-    }
+    skipped = {}
+    for package, column, measure in OPTIONAL:
+        if importlib.util.find_spec(package) is None:
+            skipped[column] = "not installed (pip install .[bench])"
+            continue
+        try:
+            samples[column] = measure(n, repeats)
+        except Exception as e:  # an optional baseline that cannot run here is reported
+            traceback.print_exc()  # in full on stderr; its last line in the JSON
+            last = str(e).strip().splitlines()[-1:] or [""]
+            skipped[column] = f"failed to run: {type(e).__name__}: {last[0]}"
     table = {
         system: {mode: summary([s[mode] for s in runs]) for mode in MODES}
         for system, runs in samples.items()
@@ -207,9 +293,13 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
         for system in table
         if system != "jax"
     }
+    info = machine()
+    info["versions"].update(
+        {package: metadata.version(package) for package, column, _ in OPTIONAL if column in table}
+    )
     return {
         "benchmark": "dispatch",
-        "machine": machine(),
+        "machine": info,
         "params": {"calls": n, "repeats": repeats, "size": SIZE, "wait_every": WAIT_EVERY},
         "programs_per_s": table,
         "ratio_to_jax": ratios,
