@@ -121,7 +121,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     from jax.sharding import PartitionSpec as P
 
     cfg = config(quick)
-    steps, repeats = (4, 1) if quick else (24, 4)
+    steps, repeats = (4, 1) if quick else (16, 4)
     tokens_np = np.random.default_rng(1).integers(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1))
     tokens_np = tokens_np.astype(np.int32)
     per_step = cfg["batch"] * cfg["seq"]

@@ -1,6 +1,6 @@
 """The cost of watching: a training loop with the live widgets open against without.
 
-    python -m benchmarks.widgets [--steps 300] [--repeats 5] [--json results/widgets.json]
+    python -m benchmarks.widgets [--steps 300] [--repeats 7] [--json results/widgets.json]
 
 A data-parallel MLP trains on a 4-device slice of a local cluster. Each repeat runs the
 loop twice, back to back, which one first alternating: once plain, once with a live
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", default="benchmarks/results/widgets.json")
     args = ap.parse_args(argv)
     write(run(args.steps, args.repeats), args.json)
