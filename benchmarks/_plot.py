@@ -4,6 +4,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
+
+
+def _figure() -> tuple[Any, Any]:
+    """A new figure and its axes, drawn without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(8, 4.5))
+
+
+def _save(fig: Any, ax: Any, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def grouped_bars(
@@ -15,12 +37,7 @@ def grouped_bars(
     log: bool = False,
 ) -> str:
     """One group of bars per entry of ``groups``, one bar per series in each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure()
     width = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
@@ -30,12 +47,7 @@ def grouped_bars(
     ax.set_title(title)
     if log:
         ax.set_yscale("log")
-    ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def lines(
@@ -51,12 +63,7 @@ def lines(
     """One line per series through the medians of ``summary()`` dicts, the min..max over
     repeats as error bars; a log x axis by default (cluster sizes grow geometrically);
     ``hlines`` draws dashed reference levels such as a target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _figure()
     for name, stats in series.items():
         med = [s["median"] for s in stats]
         err = [[s["median"] - s["min"] for s in stats], [s["max"] - s["median"] for s in stats]]
@@ -70,9 +77,4 @@ def lines(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
