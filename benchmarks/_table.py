@@ -158,7 +158,20 @@ def _scale(r: dict[str, Any]) -> list[Row]:
             f"{last['devices']:,} devices {_fmt(wall[1])} (CPU {_fmt(cpu[1])})",
             f"{r['ratio_1024_vs_8']:.2f}x",
             f"≤ {r['target_ratio']:g}x",
-        )
+        ),
+        *(
+            [
+                (
+                    "gang scheduler per launch, 1 → 1,024 tenants' queues on one island (µs)",
+                    f"1 tenant {_fmt(q[0]['us_per_launch']['median'])}",
+                    f"1,024 tenants {_fmt(q[-1]['us_per_launch']['median'])}",
+                    f"{r['scheduler_ratio_1024_vs_1_tenants']:.2f}x",
+                    f"≤ {r['target_ratio']:g}x",
+                )
+            ]
+            if (q := r.get("tenants_on_one_island"))
+            else []
+        ),
     ]
 
 

@@ -7,6 +7,11 @@ process's rendezvous and thread pool). Between tenants the next launch goes to t
 tenant with the smallest *pass* (stride scheduling): each launch advances its
 tenant's pass by its estimated device time divided by the tenant's weight.
 
+Finding that tenant costs O(log T) for T tenants, not a scan: each island keeps a heap of
+its queued tenants by pass, and the scheduler one of all busy tenants. Passes only grow,
+so entries are refreshed lazily: one whose pass is out of date is at most the true value,
+and is re-pushed with the true one when it reaches the top.
+
 A plain state machine: ``submit``/``complete``/``cancel`` in, dispatch lists out.
 """
 
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,9 +41,22 @@ class Work:
 class _IslandQueue:
     window_key: str
     queues: dict[int, collections.deque[Work]] = dataclasses.field(default_factory=dict)
+    # (pass, arrival, tenant) per tenant with an entry; arrival breaks ties in the order
+    # tenants' queues appeared here.
+    heap: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
+    in_heap: set[int] = dataclasses.field(default_factory=set)
+    # Tenants whose next work here needs no window slot (a deletion or a transfer).
+    free_heads: set[int] = dataclasses.field(default_factory=set)
 
     def empty(self) -> bool:
-        return not any(self.queues.values())
+        return not self.queues  # a tenant's queue is removed when it empties
+
+    def head_changed(self, tenant: int) -> None:
+        dq = self.queues.get(tenant)
+        if dq and dq[0].kind != "run":
+            self.free_heads.add(tenant)
+        else:
+            self.free_heads.discard(tenant)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +86,10 @@ class GangScheduler:
         self._weight: dict[int, float] = {}
         self._cost: dict[str, float] = {}
         self._ready: set[str] = set()
+        # (pass, tenant) of tenants with queued work, refreshed lazily (see the top).
+        self._busy: list[tuple[float, int]] = []
+        self._in_busy: set[int] = set()
+        self._arrivals = itertools.count()
         self._dispatched = 0
         self._completed = 0
 
@@ -89,15 +113,41 @@ class GangScheduler:
         q = self._islands.get(work.island)
         if q is None:
             raise KeyError(f"unknown island {work.island!r}")
-        if self._queued[work.tenant] == 0:
+        tenant = work.tenant
+        if self._queued[tenant] == 0:
             # A tenant that (re)joins the competition starts level with the tenants that
             # are busy now: idle time earns no credit, so it cannot starve them.
-            busy = [self._pass[t] for t, n in self._queued.items() if n and t in self._pass]
-            mine = self._pass.get(work.tenant, 0.0)
-            self._pass[work.tenant] = max(mine, min(busy)) if busy else mine
-        self._queued[work.tenant] += 1
-        q.queues.setdefault(work.tenant, collections.deque()).append(work)
+            busy = self._least_busy_pass()
+            mine = self._pass.get(tenant, 0.0)
+            self._pass[tenant] = mine if busy is None else max(mine, busy)
+            if tenant not in self._in_busy:
+                self._in_busy.add(tenant)
+                heapq.heappush(self._busy, (self._pass[tenant], tenant))
+        self._queued[tenant] += 1
+        dq = q.queues.get(tenant)
+        if dq is None:
+            dq = q.queues[tenant] = collections.deque([work])
+            q.head_changed(tenant)
+            if tenant not in q.in_heap:
+                q.in_heap.add(tenant)
+                heapq.heappush(q.heap, (self._pass.get(tenant, 0.0), next(self._arrivals), tenant))
+        else:
+            dq.append(work)
         self._ready.add(work.island)
+
+    def _least_busy_pass(self) -> float | None:
+        """The smallest pass among tenants with queued work, or None."""
+        h = self._busy
+        while h:
+            p, tenant = h[0]
+            if not self._queued[tenant] or tenant not in self._pass:
+                heapq.heappop(h)
+                self._in_busy.discard(tenant)
+            elif p != self._pass[tenant]:
+                heapq.heapreplace(h, (self._pass[tenant], tenant))
+            else:
+                return p
+        return None
 
     def complete(self, lid: int, seconds: float | None = None) -> Work | None:
         """A launch finished; ``seconds`` is its measured device time."""
@@ -139,6 +189,7 @@ class GangScheduler:
                 if keep:
                     q.queues[tenant] = keep
                     self._ready.add(island)
+                q.head_changed(tenant)
         self._queued[tenant] -= len(dropped)
         return dropped
 
@@ -199,26 +250,32 @@ class GangScheduler:
         work = dq.popleft()
         if not dq:
             del q.queues[tenant]
+        q.head_changed(tenant)
         self._queued[tenant] -= 1
         return work
 
     def _heads_needing_no_slot(self, q: _IslandQueue) -> list[Work]:
         out = []
-        for tenant in list(q.queues):
-            while tenant in q.queues and q.queues[tenant][0].kind != "run":
+        for tenant in sorted(q.free_heads):
+            while tenant in q.free_heads:
                 out.append(self._pop(q, tenant))
         return out
 
     def _pick(self, q: _IslandQueue) -> int | None:
-        best = None
-        best_pass = 0.0
-        for tenant, dq in q.queues.items():
-            if not dq:
+        """The tenant with queued work here whose pass is smallest."""
+        h = q.heap
+        while h:
+            p, arrival, tenant = h[0]
+            if not q.queues.get(tenant):
+                heapq.heappop(h)
+                q.in_heap.discard(tenant)
                 continue
-            p = self._pass.get(tenant, 0.0)
-            if best is None or p < best_pass:
-                best, best_pass = tenant, p
-        return best
+            current = self._pass.get(tenant, 0.0)
+            if p != current:
+                heapq.heapreplace(h, (current, arrival, tenant))
+                continue
+            return tenant
+        return None
 
     def forget_tenant(self, tenant: int) -> None:
         """The tenant left; its queues were already cancelled."""

@@ -260,3 +260,53 @@ def test_a_tenant_returning_from_idle_does_not_starve_the_others() -> None:
     shares(s, {2: 0.01}, 50)  # tenant 1 sits idle while tenant 2 works
     got = shares(s, {1: 0.01, 2: 0.01}, 20)
     assert got[2] >= 8
+
+
+class _Checked(GangScheduler):
+    """Checks every choice against a scan of all queued tenants."""
+
+    def _pick(self, q):  # type: ignore[no-untyped-def]
+        tenant = super()._pick(q)
+        queued = {t: self._pass.get(t, 0.0) for t, dq in q.queues.items() if dq}
+        if tenant is None:
+            assert not queued
+        else:
+            assert queued[tenant] == min(queued.values())
+        return tenant
+
+    def _heads_needing_no_slot(self, q):  # type: ignore[no-untyped-def]
+        assert q.free_heads == {t for t, dq in q.queues.items() if dq[0].kind != "run"}
+        out = super()._heads_needing_no_slot(q)
+        assert all(dq[0].kind == "run" for dq in q.queues.values())
+        return out
+
+    def _least_busy_pass(self) -> float | None:
+        p = super()._least_busy_pass()
+        busy = [self._pass[t] for t, n in self._queued.items() if n and t in self._pass]
+        assert p == (min(busy) if busy else None)
+        return p
+
+
+def test_the_next_tenant_is_the_least_advanced_among_many_in_any_sequence() -> None:
+    import random
+
+    rng = random.Random(7)
+    s = _Checked(4)
+    for island in ("i0", "i1", "i2"):
+        s.add_island(island, f"p{island}")
+    for tenant in range(1, 41):
+        s.set_weight(tenant, rng.choice([0.5, 1.0, 3.0]))
+    inflight: list[int] = []
+    for _ in range(5000):
+        op = rng.random()
+        if op < 0.55:
+            w = run(rng.randint(1, 40), rng.choice(["i0", "i1", "i2"]), rng.choice("abc"))
+            s.submit(w)
+        elif op < 0.6:
+            s.submit(drop(rng.randint(1, 40), rng.choice(["i0", "i1", "i2"])))
+        elif op < 0.62:
+            s.cancel(rng.randint(1, 40))
+        elif op < 0.8 and inflight:
+            s.complete(inflight.pop(rng.randrange(len(inflight))), rng.random() * 1e-3)
+        inflight.extend(w.lid for w in s.dispatch() if w.kind == "run")
+    assert s.statistics().dispatched > 500
