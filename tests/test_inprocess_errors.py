@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
 import sys
@@ -183,7 +184,13 @@ def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
 
 @contextlib.contextmanager
 def _interrupted_when_blocked_in(function: str) -> Iterator[None]:
-    """Press "interrupt kernel" once the main thread is blocked inside ``function``."""
+    """Press "interrupt kernel" once the main thread is blocked inside ``function``.
+
+    The interrupt is SIGINT as Python sees it (``_thread.interrupt_main``), handled by
+    raising KeyboardInterrupt in the main thread as a kernel's handler does, whatever
+    handler or signal mask a library used by an earlier test left in this process. Our
+    waits wake every 100 ms to let it through, as they must for a real SIGINT too.
+    """
     main = threading.main_thread().ident
     assert main is not None
 
@@ -191,14 +198,16 @@ def _interrupted_when_blocked_in(function: str) -> Iterator[None]:
         deadline = time.monotonic() + 10
         while not _blocked_in(main, function) and time.monotonic() < deadline:
             time.sleep(0.01)
-        signal.pthread_kill(main, signal.SIGINT)
+        _thread.interrupt_main(signal.SIGINT)
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=interrupt)
     t.start()
     try:
         yield
     finally:
         t.join()
+        signal.signal(signal.SIGINT, previous)
 
 
 def _blocked_in(thread_id: int, function: str) -> bool:
