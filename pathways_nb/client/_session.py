@@ -420,8 +420,14 @@ class Client(ProgramCalls):
     def _event_rows(self, after: int) -> tuple[list[list[Any]], int]:
         """This client's events logged after the ``after``-th, as rows in the event
         log's field order, and the cursor for next time (for live widgets)."""
-        h = self._ask({"t": "events", "since": 0.0, "all": False, "after": int(after)})
+        h = self._events_reply(0.0, False, after)
         return h["events"], int(h["next"])
+
+    def _events_reply(self, since: float, all_tenants: bool, after: int | None) -> Any:
+        header: dict[str, Any] = {"t": "events", "since": float(since), "all": bool(all_tenants)}
+        if after is not None:
+            header["after"] = int(after)
+        return self._ask(header)
 
     def events(
         self, since: float = 0.0, all_tenants: bool = False, after: int | None = None
@@ -432,10 +438,7 @@ class Client(ProgramCalls):
         following the log as it grows, pass ``after=0`` and then each time the number in
         ``df.attrs["next"]``: only events logged since the last call come back.
         """
-        header: dict[str, Any] = {"t": "events", "since": float(since), "all": bool(all_tenants)}
-        if after is not None:
-            header["after"] = int(after)
-        h = self._ask(header)
+        h = self._events_reply(since, all_tenants, after)
         df = events_frame(h["events"])
         if "next" in h:
             df.attrs["next"] = int(h["next"])

@@ -141,33 +141,10 @@ class Tracker:
         self.max_rows = max_rows
         self._recs: dict[int, dict[str, Any]] = {}
 
-    def add(self, events: pd.DataFrame | list[list[Any]]) -> None:
-        """New events: a DataFrame from ``client.events()``, or the raw rows (time in
-        seconds, then the other fields in the event log's order)."""
-        if events is None or len(events) == 0:
-            return
-        cols: Any
-        if isinstance(events, list):
-            cols = (
-                (lid, kind, t, tenant, program, slice_, island, host, detail)
-                for t, kind, tenant, lid, program, slice_, island, host, detail in events
-            )
-        else:
-            # Plain Python values: numpy scalars make every later step slower.
-            times = (events.time.astype("int64").to_numpy() / 1e9).tolist()
-            cols = zip(
-                events.lid.tolist(),
-                events.kind.tolist(),
-                times,
-                events.tenant.tolist(),
-                events.program.tolist(),
-                events.slice.tolist(),
-                events.island.tolist(),
-                events.host.tolist(),
-                events.detail.tolist(),
-                strict=True,
-            )
-        for lid, kind, t, tenant, program, slice_, island, host, detail in cols:
+    def add(self, events: list[list[Any]]) -> None:
+        """New events as the controller sends them: rows of the event log's fields, time
+        in seconds first (what ``client.events()`` turns into a DataFrame)."""
+        for t, kind, tenant, lid, program, slice_, island, host, detail in events:
             if lid <= 0 or kind not in ("launch", "start", "end", "error"):
                 continue
             r = self._recs.get(lid)

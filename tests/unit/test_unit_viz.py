@@ -32,8 +32,8 @@ def test_tracker_matches_the_batch_intervals_across_increments() -> None:
         (t + 0.08, "launch", 2, 4, "never", "s2", "i1", "h1", ""),
     ]
     tr = Tracker(horizon=60.0, max_rows=100)
-    tr.add(_events(rows[:4]))
-    tr.add(_events(rows[4:]))
+    tr.add([list(r) for r in rows[:4]])
+    tr.add([list(r) for r in rows[4:]])
     recs, lanes = tr.records(last=60.0)
     assert lanes == ["i0/s1", "i1/s2"]
     assert [r["lid"] for r in recs] == [1, 2, 3]  # the never-started launch is not drawn
@@ -57,6 +57,6 @@ def test_tracker_forgets_what_fell_out_of_its_horizon() -> None:
     ]
     new = [(t, "start", 1, 2, "f", "s1", "i0", "h0", "")]
     tr = Tracker(horizon=15.0, max_rows=10)
-    tr.add(_events(old + new))
+    tr.add([list(r) for r in old + new])
     recs, _ = tr.records(last=5.0)
     assert [r["lid"] for r in recs] == [2] and recs[0]["end"] is None
