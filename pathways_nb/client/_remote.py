@@ -32,6 +32,7 @@ class RemoteArray:
         "_copies",
         "_deleted",
         "_lid",
+        "_ready",
         "_sig",
         "dtype",
         "handle",
@@ -60,6 +61,7 @@ class RemoteArray:
         self.slice = slice
         self._lid = lid
         self._deleted = False
+        self._ready = False  # known computed (a fetch or wait returned)
         # Copies moved to other slices, by (slice id, PartitionSpec); made on first use.
         self._copies: dict[Any, RemoteArray] | None = None
         # What pw.jit's program cache keys on; computed once.
@@ -101,8 +103,12 @@ class RemoteArray:
 
     # state ----------------------------------------------------------------------------
     def is_ready(self) -> bool:
-        """True once the program that makes this array has finished (or failed)."""
-        return self._client._is_done(self._lid)
+        """True once the program that makes this array has finished (or failed).
+
+        Known at once after a fetch or wait of it; otherwise from the controller's
+        completion notices, which trail the program by up to about 20 ms.
+        """
+        return self._ready or self._client._is_done(self._lid)
 
     def is_deleted(self) -> bool:
         return self._deleted

@@ -326,7 +326,7 @@ class Client(ProgramCalls):
                 x.slice.check_active()
 
         try:
-            return self._direct.request(
+            replies = self._direct.request(
                 [(x.slice.data_address, {"t": kind, "handle": x.handle}) for x in xs], check
             )
         except KeyboardInterrupt:
@@ -334,6 +334,11 @@ class Client(ProgramCalls):
             raise
         except RemoteError as exc:
             raise exc from None
+        # These arrays are computed: is_ready() need not wait for the controller's
+        # (batched) completion notice to say so.
+        for x in xs:
+            x._ready = True
+        return replies
 
     def _wait_ready(self, xs: Sequence[RemoteArray]) -> None:
         self._request(xs, "wait")

@@ -26,6 +26,9 @@ from pathways_nb.wire._messages import error_header
 log = logging.getLogger("pathways_nb.controller")
 
 _HOST_TYPES = frozenset({"register", "acks", "parked", "host_reply", "heartbeat"})
+# Completion notices to a client wait at most this long, or until this many are buffered.
+_DONE_DELAY = 0.02
+_DONE_BATCH = 256
 
 
 class HostMessages:
@@ -48,6 +51,9 @@ class HostMessages:
     _where: dict[int, str]
     _slice_handles: dict[str, set[int]]
     _probes: dict[int, tuple[bytes, int, str]]
+    # tenant -> [lid, error] notices not yet sent; when the oldest must go (monotonic).
+    _done_buf: dict[int, list[Any]]
+    _done_due: float | None
 
     # Provided by the server, which owns the sockets.
     _send_client: Callable[..., None]
@@ -159,10 +165,31 @@ class HostMessages:
         self._send_done(by_tenant)
 
     def _send_done(self, by_tenant: dict[int, list[Any]]) -> None:
+        """Tell clients which of their launches finished.
+
+        Failures go at once; successes wait up to ``_DONE_DELAY`` for company. A client
+        learns that a launch finished from the fetch or wait that needed it, so these
+        notices only feed ``is_ready()``, ``pending()`` and back-pressure: a message per
+        completion would cost every round trip a wake-up of the client's IO thread.
+        """
         for tenant, done in by_tenant.items():
-            t = self.tenants.by_id.get(tenant)
-            if t is not None:
+            buf = self._done_buf.setdefault(tenant, [])
+            buf.extend(done)
+            if len(buf) >= _DONE_BATCH or any(err for _, err in done):
+                self._flush_done(tenant)
+            elif self._done_due is None:
+                self._done_due = time.monotonic() + _DONE_DELAY
+
+    def _flush_done(self, tenant: int | None = None) -> None:
+        """Send the buffered notices of ``tenant`` (of every tenant when None)."""
+        tenants = list(self._done_buf) if tenant is None else [tenant]
+        for tid in tenants:
+            done = self._done_buf.pop(tid, None)
+            t = self.tenants.by_id.get(tid)
+            if done and t is not None:
                 self._send_client(t.identity, {"t": "done", "items": done})
+        if not self._done_buf:
+            self._done_due = None
 
     def _lose_host(self, host: str, reason: str) -> None:
         info = self.rm.hosts.get(host)

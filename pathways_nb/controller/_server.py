@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -116,6 +117,8 @@ class Controller(ClientRequests, HostMessages):
         self._where: dict[int, str] = {}
         self._slice_handles: dict[str, set[int]] = {}
         self._probes: dict[int, tuple[bytes, int, str]] = {}  # rid -> client, its rid, host
+        self._done_buf: dict[int, list[Any]] = {}
+        self._done_due: float | None = None
         self._next_rid = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -190,8 +193,9 @@ class Controller(ClientRequests, HostMessages):
         self._started.set()
         next_tick = time.monotonic() + 0.5
         while not self._stopping.is_set():
-            timeout = max(0.0, next_tick - time.monotonic())
-            ready = dict(poller.poll(int(timeout * 1000)))
+            wake = next_tick if self._done_due is None else min(next_tick, self._done_due)
+            timeout = max(0.0, wake - time.monotonic())
+            ready = dict(poller.poll(math.ceil(timeout * 1000)))
             if self._hosts in ready:
                 self._drain(self._hosts, self._on_host_frames)
             if self._clients in ready:
@@ -200,6 +204,8 @@ class Controller(ClientRequests, HostMessages):
                 for kind, payload in self._outbox.drain():
                     self._on_internal(kind, payload)
             self._flush()
+            if self._done_due is not None and time.monotonic() >= self._done_due:
+                self._flush_done()
             if time.monotonic() >= next_tick:
                 self._tick()
                 next_tick = time.monotonic() + 0.5
