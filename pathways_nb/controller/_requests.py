@@ -223,7 +223,7 @@ class ClientRequests:
             err.program = err.program or name
         else:
             err = RemoteError(str(exc), kind="invalid", program=name, slice=str(h.get("slice", "")))
-        self._send_client(t.identity, {"t": "done", "items": [[lid, err.to_dict()]]})
+        self._send_done({t.tenant: [[lid, err.to_dict()]]})
         outs = [o for o in h.get("outs", [h.get("dst")]) if isinstance(o, int)]
         s = self.rm.slices.get(str(h.get("slice")))
         if s is not None and outs:
