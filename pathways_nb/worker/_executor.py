@@ -361,11 +361,17 @@ class Executor:
                 return kind
         return None
 
-    def _run_planned(self, h: dict[str, Any], plan: _Plan, entries: list[Entry]) -> None:
-        """Run a launch whose executable and inputs are here: the common, lean path."""
-        t0 = time.time()
+    def _run_planned(
+        self, h: dict[str, Any], plan: _Plan, entries: list[Entry], t0: float | None = None
+    ) -> None:
+        """Run a launch whose executable and inputs are here: the common, lean path.
+
+        ``t0`` is when the launch began here, if earlier than now (it had to compile).
+        """
+        t0 = time.time() if t0 is None else t0
         prog, fn, donate = plan
         outs = h["outs"]
+        sname = h.get("name", h["slice"])
         try:
             args = []
             for e in entries:
@@ -382,29 +388,32 @@ class Executor:
             if donate:
                 ins = h["ins"]
                 self.store.drop([ins[i] for i in donate])
+            # The exported function is flat: it returns a list of arrays.
             leaves = results if isinstance(results, list) else jax.tree.leaves(results)
-            sname = h.get("name", h["slice"])
             self.store.set_many(outs, leaves, prog.out_nbytes, (prog.name, sname))
             self._launches += 1
             done = Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated)
             self.completions.dispatched(done)
         except Exception as exc:
-            sname = h.get("name", h["slice"])
-            err = to_remote(exc, "runtime", program=prog.name, slice=sname, host=self.host)
-            for hd in outs:
-                self.store.fail(hd, err)
-            self._failures += 1
-            self.completions.failed(Done(h["lid"], outs, None, t0, err, prog.name, sname, []))
+            self._failed(h, exc, prog.name, sname, t0)
+
+    def _failed(self, h: dict[str, Any], exc: Exception, name: str, sname: str, t0: float) -> None:
+        """A launch failed here before or while XLA ran it: its outputs hold the error."""
+        err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
+        for hd in h["outs"]:
+            self.store.fail(hd, err)
+        self._failures += 1
+        self.completions.failed(Done(h["lid"], h["outs"], None, t0, err, name, sname, []))
 
     def _do_run(self, h: dict[str, Any]) -> None:
+        """Run a launch on the dispatch thread: compile it first if need be, and take any
+        injected fault; then the lean path runs it."""
         if not self._faults:
             ready = self._runnable_now(h)
             if ready is not None:
                 self._run_planned(h, *ready)
                 return
         t0 = time.time()
-        plan: _Plan | None = None
-        lid, outs = h["lid"], h["outs"]
         name, sname = h["pid"], h.get("name", h["slice"])
         try:
             key = _run_key(h)
@@ -421,22 +430,19 @@ class Executor:
                 time.sleep(float(fault.split(":", 1)[1]))
             elif fault is not None:
                 raise RemoteError("injected fault", kind="fault_injected")
-            args = []
+            entries = []
             for hd in h["ins"]:
                 entry = self.store.get(hd)
                 if entry is None:  # dropped meanwhile: the client deleted it
                     raise RemoteError(f"input {hd:#x} was deleted", kind="invalid")
                 if entry.error is not None:
                     raise entry.error
-                args.append(entry.value)
-            donate = plan[2] if plan is not None else tuple(sorted(int(i) for i in h["donate"]))
-            if self.store.limit:
-                entries = [self.store.get(h["ins"][i]) for i in donate]
-                freeing = sum(e.nbytes for e in entries if e is not None)
-                self.store.reserve_check(prog.total_nbytes, freeing)
-            if plan is not None:
-                fn = plan[1]
-            else:
+                entries.append(entry)
+            if plan is None:
+                donate = tuple(sorted(int(i) for i in h["donate"]))
+                if self.store.limit:  # a full store fails the launch before it compiles
+                    freeing = sum(entries[i].nbytes for i in donate)
+                    self.store.reserve_check(prog.total_nbytes, freeing)
                 try:
                     fn = self.programs.executable(
                         h["pid"], self.programs.mesh(h["devices"], h["mesh"]), donate
@@ -445,23 +451,11 @@ class Executor:
                     raise to_remote(
                         exc, "compile", program=name, slice=sname, host=self.host
                     ) from None
-                self._plans[key] = (prog, fn, donate)
-            donated = [args[i] for i in donate]
-            self.completions.donated.update(id(a) for a in donated)
-            results = fn(*args)
-            if donate:
-                self.store.drop([h["ins"][i] for i in donate])
-            # The exported function is flat: it returns a list of arrays.
-            leaves = results if isinstance(results, list) else jax.tree.leaves(results)
-            self.store.set_many(outs, leaves, prog.out_nbytes, (name, sname))
-            self._launches += 1
-            self.completions.dispatched(Done(lid, outs, leaves, t0, None, name, sname, donated))
+                plan = self._plans[key] = (prog, fn, donate)
         except Exception as exc:
-            err = to_remote(exc, "runtime", program=name, slice=sname, host=self.host)
-            for hd in outs:
-                self.store.fail(hd, err)
-            self._failures += 1
-            self.completions.failed(Done(lid, outs, None, t0, err, name, sname, []))
+            self._failed(h, exc, name, sname, t0)
+            return
+        self._run_planned(h, plan, entries, t0)
 
     def statistics(self) -> ExecutorStatistics:
         return ExecutorStatistics(
