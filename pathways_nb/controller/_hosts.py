@@ -191,6 +191,16 @@ class HostMessages:
         if not self._done_buf:
             self._done_due = None
 
+    def _end_launch(self, lid: int) -> Launch | None:
+        """Stop tracking a launch that will not be acknowledged (failed or cancelled here);
+        its tenant has one launch fewer pending. None if it was not tracked."""
+        rec = self._launches.pop(lid, None)
+        if rec is not None:
+            t = self.tenants.by_id.get(rec.tenant)
+            if t is not None:
+                t.pending -= 1
+        return rec
+
     def _lose_host(self, host: str, reason: str) -> None:
         info = self.rm.hosts.get(host)
         if info is None or not info.alive:
@@ -209,26 +219,20 @@ class HostMessages:
         failed = self.scheduler.fail_island(info.island)
         by_tenant: dict[int, list[Any]] = {}
         for w in failed:
-            rec = self._launches.pop(w.lid, None)
+            rec = self._end_launch(w.lid)
             if rec is not None:
                 d = err.to_dict() | {"program": rec.name, "slice": rec.slice}
                 by_tenant.setdefault(rec.tenant, []).append([w.lid, d])
-                t = self.tenants.by_id.get(rec.tenant)
-                if t is not None:
-                    t.pending -= 1
         # Transfers from or to that host will not complete: the destination learns why.
         for lid, (src, dst, handle) in list(self._transfers.items()):
             if host not in (src, dst):
                 continue
             del self._transfers[lid]
-            rec = self._launches.pop(lid, None)
+            rec = self._end_launch(lid)
             if rec is None:
                 continue
             d = err.to_dict() | {"program": "transfer", "slice": rec.slice}
             by_tenant.setdefault(rec.tenant, []).append([lid, d])
-            t = self.tenants.by_id.get(rec.tenant)
-            if t is not None:
-                t.pending -= 1
             if dst != host:
                 self._send_host(dst, {"t": "fail_outputs", "handles": [handle], "error": d})
         self._send_done(by_tenant)

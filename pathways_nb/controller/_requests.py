@@ -53,6 +53,7 @@ class ClientRequests:
     _send_host: Callable[..., bool]
     _send_done: Callable[[dict[int, list[Any]]], None]
     _ensure_program: Callable[[str, str], None]
+    _end_launch: Callable[[int], Launch | None]
 
     def _reply(self, t: Tenant, rid: int, **body: Any) -> None:
         self._send_client(t.identity, {"t": "reply", "rid": rid, **body})
@@ -237,10 +238,9 @@ class ClientRequests:
         dropped = self.scheduler.cancel(t.tenant)
         done = []
         for w in dropped:
-            rec = self._launches.pop(w.lid, None)
+            rec = self._end_launch(w.lid)
             if rec is None:
                 continue
-            t.pending -= 1
             err = CancelledError(why)
             rerr = RemoteError(
                 str(err), kind="cancelled", program=rec.name, slice=rec.slice, host=rec.host
