@@ -63,7 +63,7 @@ import zmq
 from benchmarks._common import machine, quick_main, summary
 from pathways_nb._core import Config, HandleAllocator, local_versions
 from pathways_nb.controller import Controller, GangScheduler, Work
-from pathways_nb.wire import connect, encode_batch, pack, receive
+from pathways_nb.wire import DealerSocket, Poller, connect_dealer, encode_batch, pack, receive
 
 DEVICES_PER_HOST = 8
 MAX_TENANTS = 16
@@ -85,12 +85,12 @@ def _unpack(frame: Any) -> dict[str, Any]:
     return out
 
 
-_Handler = Callable[[zmq.Socket[Any], list[Any]], None]
+_Handler = Callable[[DealerSocket, list[Any]], None]
 
 
 @dataclasses.dataclass
 class _Tenant:
-    sock: zmq.Socket[Any]
+    sock: DealerSocket
     tenant: int = 0
     max_queued: int = 0
     ids: HandleAllocator | None = None  # once the controller named the tenant
@@ -117,25 +117,25 @@ class _Load:
     def __init__(self, ctx: zmq.Context[Any], client_address: str, host_address: str) -> None:
         self.versions = local_versions(with_export=False).to_dict()
         self.ctx = ctx
-        self.poller = zmq.Poller()
-        self.hosts: list[zmq.Socket[Any]] = []
+        self.poller = Poller()
+        self.hosts: list[DealerSocket] = []
         self.tenants: list[_Tenant] = []
-        self.handlers: dict[zmq.Socket[Any], _Handler] = {}
-        self.of_sock: dict[zmq.Socket[Any], _Tenant] = {}
+        self.handlers: dict[DealerSocket, _Handler] = {}
+        self.of_sock: dict[DealerSocket, _Tenant] = {}
         self.welcomed = 0
         self.nout: dict[str, int] = {}
         self.next_beat = time.monotonic() + 1.0
         self._client_address = client_address
         self._host_address = host_address
 
-    def _add(self, sock: zmq.Socket[Any], handler: _Handler) -> None:
+    def _add(self, sock: DealerSocket, handler: _Handler) -> None:
         self.poller.register(sock, zmq.POLLIN)
         self.handlers[sock] = handler
 
     # setup --------------------------------------------------------------------------
     def setup(self, hosts: int, tenants: int, live_arrays: int) -> dict[str, Any]:
         for i in range(hosts):
-            sock = connect(self.ctx, zmq.DEALER, self._host_address)
+            sock = connect_dealer(self.ctx, self._host_address)
             self.hosts.append(sock)
             self._add(sock, self._on_host)
             register = {
@@ -148,10 +148,10 @@ class _Load:
                 "process": f"fake-process-{i}",
                 "platform": "cpu",
             }
-            sock.send(msgpack.packb(register, use_bin_type=True))
+            sock.send_multipart([msgpack.packb(register, use_bin_type=True)])
         self.serve(lambda: self.welcomed == hosts)
         for i in range(tenants):
-            t = _Tenant(connect(self.ctx, zmq.DEALER, self._client_address))
+            t = _Tenant(connect_dealer(self.ctx, self._client_address))
             self.tenants.append(t)
             self.of_sock[t.sock] = t
             self._add(t.sock, self._on_tenant)
@@ -162,7 +162,7 @@ class _Load:
                 "versions": self.versions,
                 "name": f"tenant{i}",
             }
-            t.sock.send(msgpack.packb(hello, use_bin_type=True))
+            t.sock.send_multipart([msgpack.packb(hello, use_bin_type=True)])
         self.serve(lambda: all(t.tenant for t in self.tenants))
         # One 8-device slice per island: the resource manager spreads slices, so each
         # lands on a host of its own.
@@ -199,7 +199,7 @@ class _Load:
         for t in self.tenants:
             mine = notes[t.tenant]
             for k in range(0, len(mine), PUT_NOTES_PER_BATCH):
-                t.sock.send(encode_batch(mine[k : k + PUT_NOTES_PER_BATCH]))
+                t.sock.send_multipart([encode_batch(mine[k : k + PUT_NOTES_PER_BATCH])])
         # A reply comes after everything the tenant sent before it: the notes are in.
         for t in self.tenants:
             self.request(t, {"t": "status"})
@@ -208,7 +208,7 @@ class _Load:
     def request(self, t: _Tenant, header: dict[str, Any]) -> dict[str, Any]:
         t.next_rid += 1
         rid = t.next_rid
-        t.sock.send(msgpack.packb({**header, "rid": rid}, use_bin_type=True))
+        t.sock.send_multipart([msgpack.packb({**header, "rid": rid}, use_bin_type=True)])
         self.serve(lambda: rid in t.replies)
         reply = t.replies.pop(rid)
         if "error" in reply:
@@ -271,7 +271,7 @@ class _Load:
             for t in self.tenants:
                 if t.batches and t.outstanding + t.batches[0][1] <= t.max_queued:
                     frame, n = t.batches.popleft()
-                    t.sock.send(frame, copy=False)
+                    t.sock.send_multipart([frame])
                     t.outstanding += n
                     sent = True
 
@@ -288,16 +288,16 @@ class _Load:
             if now >= self.next_beat:
                 # Hosts beat every second, as real ones do; clients keep their leases.
                 for s in self.hosts:
-                    s.send(heartbeat)
+                    s.send_multipart([heartbeat])
                 for t in self.tenants:
-                    t.sock.send(heartbeat)
+                    t.sock.send_multipart([heartbeat])
                 self.next_beat = now + 1.0
             for sock, _ in self.poller.poll(100):
                 handler = self.handlers[sock]
                 for frames in receive(sock, 10_000):
                     handler(sock, frames)
 
-    def _on_host(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
+    def _on_host(self, sock: DealerSocket, frames: list[Any]) -> None:
         h = _unpack(frames[0])
         kind = h["t"]
         if kind == "batch":
@@ -305,24 +305,26 @@ class _Load:
             end = now + FAKE_DEVICE_SECONDS
             items = [[m["lid"], now, end, None] for m in h["msgs"] if m["t"] == "run"]
             if items:
-                sock.send(msgpack.packb({"t": "acks", "items": items}, use_bin_type=True))
+                sock.send_multipart(
+                    [msgpack.packb({"t": "acks", "items": items}, use_bin_type=True)]
+                )
         elif kind == "run":
             now = time.time()
             item = [h["lid"], now, now + FAKE_DEVICE_SECONDS, None]
-            sock.send(msgpack.packb({"t": "acks", "items": [item]}, use_bin_type=True))
+            sock.send_multipart([msgpack.packb({"t": "acks", "items": [item]}, use_bin_type=True)])
         elif kind == "program":
             self.nout[h["pid"]] = h["nout"]
         elif kind == "host_probe":
             specs: list[Any] = [[] for _ in range(self.nout.get(h["pid"], 1))]
             reply = {"t": "host_reply", "rid": h["rid"], "out_specs": specs}
-            sock.send(msgpack.packb(reply, use_bin_type=True))
+            sock.send_multipart([msgpack.packb(reply, use_bin_type=True)])
         elif kind == "welcome":
             self.welcomed += 1
         elif kind in ("refuse", "error"):
             raise RuntimeError(f"the controller told a fake host: {h}")
         # drop, fail_outputs, cancel_runs, fault: nothing to do without devices.
 
-    def _on_tenant(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
+    def _on_tenant(self, sock: DealerSocket, frames: list[Any]) -> None:
         t = self.of_sock[sock]
         h = _unpack(frames[0])
         kind = h["t"]

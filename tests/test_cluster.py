@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,11 +19,11 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
-import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb.deploy._demo import init_params, make_data, train_step
+from pathways_nb.wire._stream import StreamDealer
 
 pytestmark = pytest.mark.slow
 
@@ -104,18 +105,21 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
 
 
 def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCluster) -> None:
-    ctx: zmq.Context[object] = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.RCVTIMEO, 5000)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(local.controller_address)
-        for frames in ([b"\x00junk"], [msgpack.packb({"t": "launch"})]):
-            sock.send_multipart(frames)
-            assert msgpack.unpackb(sock.recv_multipart()[0])["t"] == "error"
-        sock.close(0)
-    finally:
-        ctx.term()
+    address = local.controller_address
+    # Well-framed junk gets an error reply on the same connection.
+    sock = StreamDealer(address, blocking=True)
+    for frames in ([b"\x00junk"], [msgpack.packb({"t": "launch"})]):
+        sock.send_multipart(frames)
+        assert sock.poll(10_000)
+        assert msgpack.unpackb(bytes(sock.recv_multipart()[0]))["t"] == "error"
+    sock.close()
+    # Bytes that are not our framing at all (here a ZeroMQ peer's greeting, then an HTTP
+    # request) close that connection and only that one.
+    host, port = address[len("tcp://") :].rsplit(":", 1)
+    for junk in (b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f", b"GET / HTTP/1.1\r\n\r\n"):
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(junk)
+            assert raw.recv(1) == b""
     with pw.Client(local) as client:
         vs = client.allocate({"data": 2})
         np.testing.assert_array_equal(

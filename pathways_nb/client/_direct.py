@@ -21,7 +21,7 @@ from pathways_nb._core import (
     RemoteError,
     VersionMismatchError,
 )
-from pathways_nb.wire import connect, decode, encode, receive
+from pathways_nb.wire import DealerSocket, Poller, connect_dealer, decode, encode, receive
 
 Reply = tuple[dict[str, Any], list[Any]]
 
@@ -33,13 +33,13 @@ class DirectChannels:
         self._ctx = ctx
         self._versions = versions
         self._local = threading.local()
-        self._all: list[zmq.Socket[Any]] = []
+        self._all: list[DealerSocket] = []
         self._lock = threading.Lock()
         self._rids = itertools.count(1)
         self._closed = False
 
-    def _socket(self, address: str) -> zmq.Socket[Any]:
-        socks: dict[str, zmq.Socket[Any]] | None = getattr(self._local, "socks", None)
+    def _socket(self, address: str) -> DealerSocket:
+        socks: dict[str, DealerSocket] | None = getattr(self._local, "socks", None)
         if socks is None:
             socks = self._local.socks = {}
         sock = socks.get(address)
@@ -48,7 +48,7 @@ class DirectChannels:
         with self._lock:
             if self._closed:
                 raise ClosedError("the client was closed")
-            sock = connect(self._ctx, zmq.DEALER, address)
+            sock = connect_dealer(self._ctx, address, blocking=True, peer="a host")
             self._all.append(sock)
         rid = next(self._rids)
         sock.send_multipart(
@@ -75,7 +75,7 @@ class DirectChannels:
         client closed, a host was lost). A failed reply raises its RemoteError.
         """
         order: dict[int, int] = {}
-        poller = zmq.Poller()
+        poller = Poller()
         for i, (address, header) in enumerate(requests):
             sock = self._socket(address)
             rid = next(self._rids)

@@ -1,12 +1,16 @@
-"""The client's IO thread: it alone owns the loop and every socket.
+"""The client's IO thread: it alone owns the loop and receives on every socket.
 
 User calls hand frames to it through an Outbox and get :class:`Future` objects back.
 Launches, deletions and put notes submitted while the thread was busy leave as one
-``batch`` message. Shutdown order: say goodbye, stop the loop, join, close sockets.
+``batch`` message. Where the controller link is a stream (between processes), a message
+to the controller with nothing queued before it leaves from the calling thread itself,
+which spares a thread hand-off on every call of a one-at-a-time loop. Shutdown order:
+say goodbye, stop the loop, join, close sockets.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import threading
@@ -18,14 +22,25 @@ import zmq
 
 from pathways_nb._core import BrokenError, ClosedError, ProtocolError, RemoteError
 from pathways_nb.client._futures import Future
-from pathways_nb.wire import Outbox, connect, decode, encode, encode_batch, pack, receive
+from pathways_nb.wire import (
+    AnySocket,
+    DealerSocket,
+    Outbox,
+    Poller,
+    connect_dealer,
+    decode,
+    encode,
+    encode_batch,
+    pack,
+    receive,
+)
+from pathways_nb.wire._stream import StreamDealer
 
 log = logging.getLogger("pathways_nb.client")
 
 _CONTROLLER = b"c"
 _BATCHED = b"b"
 _HOST = b"h"
-_DELETE = b"x"
 _MAX_BATCH = 512
 
 
@@ -40,16 +55,22 @@ class IOThread:
         heartbeat: float,
     ) -> None:
         self._ctx = ctx
-        self._ctl = connect(ctx, zmq.DEALER, controller_address)
+        self._ctl = connect_dealer(ctx, controller_address, peer="the controller")
         self._outbox = Outbox(ctx, "client")
-        self._hosts: dict[str, zmq.Socket[Any]] = {}
-        self._host_of_socket: dict[zmq.Socket[Any], str] = {}
+        # Held while messages to the controller leave, by the IO thread (a whole drain)
+        # or by a caller sending directly, so the controller sees them in submission order.
+        self._ctl_lock = threading.Lock()
+        self._direct = isinstance(self._ctl, StreamDealer)
+        # Deletions wait here, apart from the outbox, for the IO thread's next turn.
+        self._deletes: collections.deque[int] = collections.deque()
+        self._hosts: dict[str, DealerSocket] = {}
+        self._host_of_socket: dict[DealerSocket, str] = {}
         self._futures: dict[int, tuple[Future[Any], str | None]] = {}
         self._rids = itertools.count(1)
         self._lock = threading.Lock()
         self._on_push = on_push
         self._heartbeat = heartbeat
-        self._poller = zmq.Poller()
+        self._poller = Poller()
         self._poller.register(self._ctl, zmq.POLLIN)
         self._poller.register(self._outbox.socket, zmq.POLLIN)
         self._stopping = threading.Event()
@@ -92,16 +113,27 @@ class IOThread:
         """Send to the controller; the future resolves with the reply header."""
         rid, fut = self._new_future(None)
         header["rid"] = rid
-        self._outbox.send(_CONTROLLER, encode(header, bufs))
+        self._to_controller(_CONTROLLER, encode(header, bufs))
         return fut
 
     def send(self, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
         """Send to the controller without waiting for anything."""
-        self._outbox.send(_CONTROLLER, encode(header, bufs))
+        self._to_controller(_CONTROLLER, encode(header, bufs))
 
     def send_batched(self, header: dict[str, Any]) -> None:
         """Send a small header that may share a ``batch`` message with its neighbours."""
-        self._outbox.send(_BATCHED, pack(header))
+        packed = pack(header)
+        self._to_controller(_BATCHED, [packed], packed)
+
+    def _to_controller(self, kind: bytes, frames: list[Any], queued: Any = None) -> None:
+        """Send now from this thread if nothing for the controller waits in the outbox,
+        else queue behind what does (``queued`` is what the outbox holds, if not frames)."""
+        if self._direct and self._outbox.empty():
+            with self._ctl_lock:
+                if self._outbox.empty() and not self._stopping.is_set():
+                    self._safe_send(self._ctl, frames)
+                    return
+        self._outbox.send(kind, frames if queued is None else queued)
 
     def host_request(
         self, address: str, header: dict[str, Any], bufs: Sequence[Any] = ()
@@ -141,7 +173,7 @@ class IOThread:
         self._drain_outbox()
         self._safe_send(self._ctl, encode({"t": "bye"}))
 
-    def _safe_send(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
+    def _safe_send(self, sock: AnySocket, frames: list[Any]) -> None:
         try:
             sock.send_multipart(frames, copy=False)
         except zmq.ZMQError as exc:
@@ -150,21 +182,26 @@ class IOThread:
     def delete_soon(self, handle: int) -> None:
         """Queue a deletion; safe from any thread, including from ``__del__``.
 
-        It travels in the same queue as launches, so it leaves after every launch
-        submitted before it: no launch can find its input already gone.
+        It leaves on the IO thread's next turn, after every launch submitted before it
+        (those left from their callers already, or wait in the outbox, which that turn
+        sends first): no launch can find its input already gone.
         """
-        self._outbox.send(_DELETE, handle, wake=False)
+        self._deletes.append(handle)
 
     def _drain_outbox(self) -> None:
+        with self._ctl_lock:
+            self._drain_outbox_locked()
+
+    def _drain_outbox_locked(self) -> None:
         # Deletions may leave later than they were queued, never earlier (a launch queued
         # before a deletion may still read the array), so they are gathered and sent once,
         # after everything else this drain sends to the controller.
         batch: list[Any] = []
         deletes: list[int] = []
+        while self._deletes:
+            deletes.append(self._deletes.popleft())
         for target, payload in self._outbox.drain():
-            if target == _DELETE:
-                deletes.append(payload)
-            elif target == _BATCHED:
+            if target == _BATCHED:
                 batch.append(payload)
                 if len(batch) >= _MAX_BATCH:
                     self._send_batch(batch)
@@ -184,16 +221,16 @@ class IOThread:
     def _send_batch(self, batch: list[Any]) -> None:
         self._safe_send(self._ctl, [batch[0] if len(batch) == 1 else encode_batch(batch)])
 
-    def _host_socket(self, address: str) -> zmq.Socket[Any]:
+    def _host_socket(self, address: str) -> DealerSocket:
         sock = self._hosts.get(address)
         if sock is None:
-            sock = connect(self._ctx, zmq.DEALER, address)
+            sock = connect_dealer(self._ctx, address, peer="a host")
             self._hosts[address] = sock
             self._host_of_socket[sock] = address
             self._poller.register(sock, zmq.POLLIN)
         return sock
 
-    def _drain(self, sock: zmq.Socket[Any], host: str | None) -> None:
+    def _drain(self, sock: AnySocket, host: str | None) -> None:
         for frames in receive(sock, 10_000):
             try:
                 msg = decode(frames)

@@ -12,15 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
 from pathways_nb._core import Config, DataLossError, ProtocolError, Versions
 from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._records import Launch
 from pathways_nb.controller._resources import HostInfo, ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler
 from pathways_nb.controller._tenants import Tenants
-from pathways_nb.wire import check, decode, encode
+from pathways_nb.wire import RouterSocket, check, decode, encode, peer_id
 from pathways_nb.wire._messages import error_header
 
 log = logging.getLogger("pathways_nb.controller")
@@ -40,7 +38,7 @@ class HostMessages:
     scheduler: GangScheduler
     tenants: Tenants
     events: EventLog
-    _hosts: zmq.Socket[Any]
+    _hosts: RouterSocket
     _host_programs: dict[str, set[str]]
     _host_ident: dict[str, bytes]
     _ident_host: dict[bytes, str]
@@ -60,7 +58,7 @@ class HostMessages:
     _send_host: Callable[..., bool]
 
     def _on_host_frames(self, frames: list[Any]) -> None:
-        identity = bytes(frames[0].buffer)
+        identity = peer_id(frames[0])
         try:
             msg = decode(frames[1:], self.config.max_control_message)
             kind = check(msg.header, _HOST_TYPES)

@@ -36,7 +36,19 @@ from pathways_nb.controller._requests import ClientRequests
 from pathways_nb.controller._resources import ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics
 from pathways_nb.controller._tenants import Tenant, Tenants
-from pathways_nb.wire import Outbox, bind, check, decode, encode, encode_batch, pack, receive
+from pathways_nb.wire import (
+    AnySocket,
+    Outbox,
+    Poller,
+    bind_router,
+    check,
+    decode,
+    encode,
+    encode_batch,
+    pack,
+    peer_id,
+    receive,
+)
 from pathways_nb.wire._messages import error_header
 
 log = logging.getLogger("pathways_nb.controller")
@@ -138,11 +150,11 @@ class Controller(ClientRequests, HostMessages):
             caddr, haddr = new_inproc_address("ctl-clients"), new_inproc_address("ctl-hosts")
         else:
             caddr = haddr = f"tcp://{self._bind_host}:0"
-        self._clients, self.client_address = bind(
-            self._ctx, zmq.ROUTER, caddr, self.config.max_control_message
+        self._clients, self.client_address = bind_router(
+            self._ctx, caddr, self.config.max_control_message
         )
-        self._hosts, self.host_address = bind(
-            self._ctx, zmq.ROUTER, haddr, self.config.max_control_message
+        self._hosts, self.host_address = bind_router(
+            self._ctx, haddr, self.config.max_control_message
         )
         self._outbox = Outbox(self._ctx, "ctl-outbox")
         self._thread = threading.Thread(target=self._run, name="pathways-controller", daemon=True)
@@ -186,7 +198,7 @@ class Controller(ClientRequests, HostMessages):
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
         assert self._outbox is not None
-        poller = zmq.Poller()
+        poller = Poller()
         poller.register(self._clients, zmq.POLLIN)
         poller.register(self._hosts, zmq.POLLIN)
         poller.register(self._outbox.socket, zmq.POLLIN)
@@ -210,7 +222,7 @@ class Controller(ClientRequests, HostMessages):
                 self._tick()
                 next_tick = time.monotonic() + 0.5
 
-    def _drain(self, sock: zmq.Socket[Any], handler: Any) -> None:
+    def _drain(self, sock: AnySocket, handler: Any) -> None:
         for frames in receive(sock):
             try:
                 handler(frames)
@@ -268,7 +280,7 @@ class Controller(ClientRequests, HostMessages):
 
     # clients ------------------------------------------------------------------------
     def _on_client_frames(self, frames: list[Any]) -> None:
-        identity = bytes(frames[0].buffer)
+        identity = peer_id(frames[0])
         try:
             msg = decode(frames[1:], self.config.max_control_message)
             kind = check(msg.header, _CLIENT_TYPES)

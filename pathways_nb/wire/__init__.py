@@ -1,4 +1,4 @@
-"""The wire protocol: message schema, codec, ZeroMQ sockets and the version handshake.
+"""The wire protocol: message schema, codec, sockets and the version handshake.
 
 Imports nothing from the rest of the package except ``pathways_nb._core``.
 """
@@ -6,26 +6,40 @@ Imports nothing from the rest of the package except ``pathways_nb._core``.
 from pathways_nb.wire._codec import Message, decode, encode, encode_batch, pack
 from pathways_nb.wire._messages import SCHEMAS, check
 from pathways_nb.wire._transport import (
+    AnySocket,
+    DealerSocket,
     Outbox,
+    Poller,
+    RouterSocket,
     bind,
+    bind_router,
     connect,
+    connect_dealer,
     make_context,
     new_inproc_address,
+    peer_id,
     receive,
 )
 
 __all__ = [
     "SCHEMAS",
+    "AnySocket",
+    "DealerSocket",
     "Message",
     "Outbox",
+    "Poller",
+    "RouterSocket",
     "bind",
+    "bind_router",
     "check",
     "connect",
+    "connect_dealer",
     "decode",
     "encode",
     "encode_batch",
     "make_context",
     "new_inproc_address",
     "pack",
+    "peer_id",
     "receive",
 ]

@@ -1,8 +1,12 @@
-"""ZeroMQ sockets behind one small interface.
+"""Sockets behind one small interface.
 
 Addresses are ``tcp://host:port`` between processes and ``inproc://name`` inside one
 (the in-process test tier: controller, hosts and client share one context). Every
 socket is owned by one thread; other threads reach it through an :class:`Outbox`.
+
+Between processes every link (client ↔ controller ↔ hosts, client ↔ host, host ↔ host)
+runs over :mod:`pathways_nb.wire._stream`, where a ZeroMQ hop's two I/O-thread
+wake-ups would dominate each small message; within one process it is ZeroMQ.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import zmq
+
+from pathways_nb._core import BrokenError
+from pathways_nb.wire._stream import StreamDealer, StreamRouter, _Endpoint
+
+RouterSocket = zmq.Socket[Any] | StreamRouter
+DealerSocket = zmq.Socket[Any] | StreamDealer
+AnySocket = zmq.Socket[Any] | StreamRouter | StreamDealer
 
 _inproc_counter = itertools.count()
 
@@ -76,6 +87,62 @@ def connect(
     return sock
 
 
+def bind_router(
+    ctx: zmq.Context[Any], address: str, max_bytes: int | None = None
+) -> tuple[RouterSocket, str]:
+    """Bind the many-peer end of a link (a ROUTER): ZeroMQ for ``inproc://``, a stream
+    endpoint for ``tcp://`` (``:0`` picks a free port). Returns it and its address."""
+    if address.startswith("inproc://"):
+        return bind(ctx, zmq.ROUTER, address, max_bytes)
+    router = StreamRouter(address, max_bytes)
+    return router, router.address
+
+
+def connect_dealer(
+    ctx: zmq.Context[Any],
+    address: str,
+    max_bytes: int | None = None,
+    *,
+    blocking: bool = False,
+    peer: str = "the peer",
+) -> DealerSocket:
+    """Connect to a :func:`bind_router` end (as a DEALER); see
+    :class:`~pathways_nb.wire._stream.StreamDealer` for ``blocking``. ``peer`` names the
+    other side in the error raised when it cannot be reached."""
+    if address.startswith("inproc://"):
+        return connect(ctx, zmq.DEALER, address, max_bytes)
+    try:
+        return StreamDealer(address, max_bytes, blocking=blocking)
+    except (OSError, ValueError) as exc:
+        raise BrokenError(
+            f"cannot reach {peer} at {address}: {exc}; is the cluster running and the "
+            "address the one it reported?"
+        ) from None
+
+
+class Poller(zmq.Poller):
+    """A ``zmq.Poller`` that also watches stream endpoints and reports them as themselves
+    (a plain ``zmq.Poller`` reports an object polled by file descriptor as that number)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_fd: dict[int, Any] = {}
+
+    def register(self, socket: Any, flags: int = zmq.POLLIN | zmq.POLLOUT) -> None:
+        if isinstance(socket, _Endpoint):
+            self._by_fd[socket.fileno()] = socket
+        super().register(socket, flags)
+
+    def poll(self, timeout: int | None = None) -> list[tuple[Any, int]]:
+        by_fd = self._by_fd
+        return [(by_fd.get(s, s) if type(s) is int else s, e) for s, e in super().poll(timeout)]
+
+
+def peer_id(frame: Any) -> bytes:
+    """The identity a ROUTER-like socket put first in a received message."""
+    return bytes(frame.buffer) if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
 # Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
@@ -86,12 +153,16 @@ def _readable(sock: zmq.Socket[Any]) -> bool:
     return bool(int(_get(sock, _EVENTS)) & _POLLIN)
 
 
-def receive(sock: zmq.Socket[Any], limit: int = 1000) -> Iterator[list[Any]]:
+def receive(sock: AnySocket, limit: int = 1000) -> Iterator[list[Any]]:
     """Messages waiting on ``sock`` now, at most ``limit``; never blocks.
 
-    Asks the socket whether a message is there before reading, instead of reading until
+    A stream endpoint parses what its connections hold (see :mod:`._stream`). A ZeroMQ
+    socket is asked the socket whether a message is there before reading, instead of reading until
     ``zmq.Again``: an exception per drained socket is a real cost on the hot path.
     """
+    if isinstance(sock, _Endpoint):
+        yield from sock.receive(limit)
+        return
     for _ in range(limit):
         if not _readable(sock):
             return
@@ -139,6 +210,10 @@ class Outbox:
             with self._lock:
                 if not self._closed:
                     self._push.send(b"", copy=True)
+
+    def empty(self) -> bool:
+        """Whether nothing is queued (a snapshot: another thread may queue at once)."""
+        return not self._queue
 
     def drain(self) -> list[tuple[bytes, Any]]:
         """Everything queued, oldest first. Only the owner calls this."""

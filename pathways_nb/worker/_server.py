@@ -34,16 +34,20 @@ from pathways_nb._core import (
     local_versions,
 )
 from pathways_nb.wire import (
+    AnySocket,
     Outbox,
-    bind,
+    Poller,
+    bind_router,
     check,
-    connect,
+    connect_dealer,
     decode,
     encode,
     new_inproc_address,
+    peer_id,
     receive,
 )
 from pathways_nb.wire._messages import error_header
+from pathways_nb.wire._stream import StreamDealer
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
@@ -121,6 +125,7 @@ class Host:
         self._client_ok: set[bytes] = set()
         self.data_address = ""
         self._loop_ident = -1
+        self._direct_ctl = False
 
     # lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> Host:
@@ -132,10 +137,14 @@ class Host:
             if self._inproc
             else f"tcp://{self._bind_host}:0"
         )
-        self._data, self.data_address = bind(
-            self._ctx, zmq.ROUTER, addr, self.config.max_data_message
+        self._data, self.data_address = bind_router(self._ctx, addr, self.config.max_data_message)
+        self._ctl = connect_dealer(
+            self._ctx,
+            self._controller_address,
+            self.config.max_control_message,
+            peer="the controller",
         )
-        self._ctl = connect(self._ctx, zmq.DEALER, self._controller_address)
+        self._direct_ctl = isinstance(self._ctl, StreamDealer)
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)
@@ -187,7 +196,10 @@ class Host:
 
     # called from other threads ------------------------------------------------------
     def _to_controller(self, header: dict[str, Any]) -> None:
-        if threading.get_ident() == self._loop_ident:
+        # A stream to the controller takes sends from any thread (acknowledgements from
+        # the completion thread, parking notes from the dispatch thread) without waking
+        # the socket thread; a ZeroMQ socket (in-process) only from its owner.
+        if self._direct_ctl or threading.get_ident() == self._loop_ident:
             self._ctl.send_multipart(encode(header), copy=False)
         else:
             self._outbox.send(_TO_CONTROLLER, encode(header))
@@ -210,7 +222,7 @@ class Host:
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
         self._loop_ident = threading.get_ident()
-        poller = zmq.Poller()
+        poller = Poller()
         poller.register(self._ctl, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
         poller.register(self._outbox.socket, zmq.POLLIN)
@@ -229,7 +241,7 @@ class Host:
             if self._data in ready:
                 self._drain(self._data, self._on_data)
 
-    def _drain(self, sock: zmq.Socket[Any], handler: Any) -> None:
+    def _drain(self, sock: AnySocket, handler: Any) -> None:
         for frames in receive(sock):
             try:
                 handler(frames)
@@ -301,7 +313,7 @@ class Host:
 
     # data plane ---------------------------------------------------------------------
     def _on_data(self, frames: list[Any]) -> None:
-        identity = bytes(frames[0].buffer)
+        identity = peer_id(frames[0])
         try:
             msg = decode(frames[1:], self.config.max_data_message)
             kind = check(msg.header, _DATA_TYPES)

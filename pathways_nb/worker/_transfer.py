@@ -22,7 +22,7 @@ import numpy as np
 import zmq
 
 from pathways_nb._core import RemoteError, decode_spec, local_versions
-from pathways_nb.wire import connect, decode, encode, receive
+from pathways_nb.wire import DealerSocket, connect_dealer, decode, encode, receive
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._store import Entry
 
@@ -157,7 +157,7 @@ class Sender:
         self.host = host
         self._on_read = on_read
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._socks: dict[str, zmq.Socket[Any]] = {}
+        self._socks: dict[str, DealerSocket] = {}
         self._thread: threading.Thread | None = None
         self.bytes_sent = 0
         self.transfers = 0
@@ -203,10 +203,11 @@ class Sender:
                 s.close(0)
             self._socks.clear()
 
-    def _sock(self, address: str) -> zmq.Socket[Any]:
+    def _sock(self, address: str) -> DealerSocket:
         s = self._socks.get(address)
         if s is None:
-            s = connect(self._ctx, zmq.DEALER, address)
+            # Blocking: a send returns once the kernel holds it, so the source may go.
+            s = connect_dealer(self._ctx, address, blocking=True, peer="a host")
             hello = {"t": "hello", "role": "host", "rid": 0, "versions": local_versions().to_dict()}
             s.send_multipart(encode(hello))
             self._socks[address] = s

@@ -1,0 +1,192 @@
+"""The stream transport: framed messages over TCP, routed like ZeroMQ's ROUTER/DEALER."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from pathways_nb._core import BrokenError
+from pathways_nb.wire import Poller, connect_dealer, peer_id, receive
+from pathways_nb.wire._stream import StreamDealer, StreamRouter, format_tcp, parse_tcp
+
+
+@pytest.fixture
+def router() -> Iterator[StreamRouter]:
+    r = StreamRouter("tcp://127.0.0.1:0", max_bytes=1 << 20)
+    yield r
+    r.close()
+
+
+def gather(endpoint: Any, n: int, timeout: float = 10.0) -> list[list[bytes]]:
+    """Service ``endpoint`` until ``n`` messages arrived (as bytes frames)."""
+    poller = Poller()
+    poller.register(endpoint, zmq.POLLIN)
+    out: list[list[bytes]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"got {len(out)} of {n} messages"
+        poller.poll(100)
+        out.extend([bytes(f) for f in m] for m in receive(endpoint))
+    return out
+
+
+def test_messages_are_routed_by_peer_and_keep_their_frames(router: StreamRouter) -> None:
+    a = StreamDealer(router.address)
+    b = StreamDealer(router.address)
+    a.send_multipart([b"from a", b"", b"\x00" * 3])
+    b.send_multipart([b"from b"])
+    got = gather(router, 2)
+    by_text = {m[1]: m for m in got}
+    assert by_text[b"from a"][2:] == [b"", b"\x00\x00\x00"]
+    router.send_multipart([by_text[b"from b"][0], b"to b", b"second"])
+    router.send_multipart([by_text[b"from a"][0], b"to a"])
+    assert gather(b, 1) == [[b"to b", b"second"]]
+    assert gather(a, 1) == [[b"to a"]]
+    a.close()
+    b.close()
+    a.close()  # twice is fine
+
+
+def test_poller_reports_stream_endpoints_as_themselves(router: StreamRouter) -> None:
+    d = StreamDealer(router.address)
+    d.send_multipart([b"x"])
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    ready = dict(poller.poll(5000))
+    assert router in ready
+    d.close()
+
+
+def test_large_messages_arrive_whole_and_in_order_with_small_ones(router: StreamRouter) -> None:
+    big = np.arange(3 << 19, dtype=np.uint8)  # many receive chunks, within the hard limit
+    d = StreamDealer(router.address, blocking=True)
+    d.send_multipart([b"before"])
+    d.send_multipart([b"big", memoryview(big)])
+    d.send_multipart([b"after"])
+    got = gather(router, 3)
+    assert [m[1] for m in got] == [b"before", b"big", b"after"]
+    np.testing.assert_array_equal(np.frombuffer(got[1][2], np.uint8), big)
+    d.close()
+
+
+def test_sends_never_block_the_sender_and_go_once_the_peer_reads(router: StreamRouter) -> None:
+    d = StreamDealer(router.address)
+    payload = bytes(range(256)) * 4096  # 1 MiB, within the router's limit
+    ident = None
+    d.send_multipart([b"hello"])
+    for m in gather(router, 1):
+        ident = m[0]
+    assert ident is not None
+    t = time.monotonic()
+    for _ in range(64):  # far more than the kernel's socket buffers hold
+        router.send_multipart([ident, payload])
+    assert time.monotonic() - t < 5.0
+    got = 0
+    deadline = time.monotonic() + 30
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(d, zmq.POLLIN)
+    while got < 64:
+        assert time.monotonic() < deadline
+        poller.poll(100)
+        list(receive(router))  # the owner's turn writes what waited for room
+        for m in receive(d):
+            assert bytes(m[0]) == payload
+            got += 1
+    d.close()
+
+
+def test_junk_closes_only_that_connection(router: StreamRouter) -> None:
+    good = StreamDealer(router.address)
+    good.send_multipart([b"hi"])
+    ident = gather(router, 1)[0][0]
+    raw = socket.create_connection(("127.0.0.1", int(router.address.rsplit(":", 1)[1])))
+    raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    raw.settimeout(10)
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    closed = False
+    deadline = time.monotonic() + 10
+    while not closed:
+        assert time.monotonic() < deadline
+        poller.poll(100)
+        assert list(receive(router)) == []
+        try:
+            raw.setblocking(False)
+            closed = raw.recv(1) == b""
+        except BlockingIOError:
+            pass
+    raw.close()
+    router.send_multipart([ident, b"still here"])
+    assert gather(good, 1) == [[b"still here"]]
+    good.close()
+
+
+def test_a_departed_peer_is_unreachable_and_oversized_messages_drop_the_sender(
+    router: StreamRouter,
+) -> None:
+    d = StreamDealer(router.address, blocking=True)
+    d.send_multipart([b"hi"])
+    ident = gather(router, 1)[0][0]
+    d.send_multipart([b"x" * (3 << 20)])  # past twice the router's 1 MiB limit
+    deadline = time.monotonic() + 10
+    while True:
+        assert time.monotonic() < deadline
+        assert list(receive(router)) == []
+        try:
+            router.send_multipart([ident, b"anyone?"])
+        except zmq.ZMQError as exc:
+            assert exc.errno == errno.EHOSTUNREACH
+            break
+        time.sleep(0.01)
+    d.close()
+
+
+def test_a_dealer_may_be_sent_on_from_other_threads_in_order(router: StreamRouter) -> None:
+    d = StreamDealer(router.address)
+    n = 2000
+
+    def burst(tag: bytes) -> None:
+        for i in range(n):
+            d.send_multipart([tag, i.to_bytes(4, "big")])
+
+    threads = [threading.Thread(target=burst, args=(t,)) for t in (b"a", b"b")]
+    for t in threads:
+        t.start()
+    got = gather(router, 2 * n)
+    for t in threads:
+        t.join()
+    for tag in (b"a", b"b"):
+        seq = [int.from_bytes(m[2], "big") for m in got if m[1] == tag]
+        assert seq == list(range(n))
+    d.close()
+
+
+def test_connecting_to_nothing_says_what_was_unreachable() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(BrokenError, match=f"cannot reach the controller at tcp://127.0.0.1:{port}"):
+        connect_dealer(zmq.Context.instance(), f"tcp://127.0.0.1:{port}", peer="the controller")
+
+
+def test_peer_id_reads_zeromq_frames_and_stream_identities() -> None:
+    assert peer_id(zmq.Frame(b"\x00ab")) == b"\x00ab"
+    assert peer_id(memoryview(b"\x00cd")) == b"\x00cd"
+
+
+def test_tcp_addresses_parse_and_format_both_ways() -> None:
+    assert parse_tcp("tcp://127.0.0.1:5555") == ("127.0.0.1", 5555)
+    assert parse_tcp("tcp://[::1]:7") == ("::1", 7)
+    assert format_tcp("::1", 7) == "tcp://[::1]:7"
+    with pytest.raises(ValueError, match="expected an address like tcp://"):
+        parse_tcp("inproc://x")
