@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb.deploy._demo import init_params, make_data, train_step
-from pathways_nb.wire._stream import StreamDealer
+from pathways_nb.wire._stream import StreamDealer, dial
 
 pytestmark = pytest.mark.slow
 
@@ -115,9 +114,8 @@ def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCl
     sock.close()
     # Bytes that are not our framing at all (here a ZeroMQ peer's greeting, then an HTTP
     # request) close that connection and only that one.
-    host, port = address[len("tcp://") :].rsplit(":", 1)
     for junk in (b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f", b"GET / HTTP/1.1\r\n\r\n"):
-        with socket.create_connection((host, int(port)), timeout=10) as raw:
+        with dial(address, 10) as raw:
             raw.sendall(junk)
             assert raw.recv(1) == b""
     with pw.Client(local) as client:

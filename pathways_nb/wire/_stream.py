@@ -1,4 +1,5 @@
-"""Framed messages over plain TCP: every link between processes.
+"""Framed messages over plain sockets (TCP, or Unix on one machine): every link between
+processes.
 
 A message sent over ZeroMQ wakes four threads (ZeroMQ's I/O thread on each side, then
 the receiver's own); here a send is one system call on the sending thread and the
@@ -27,9 +28,11 @@ import collections
 import contextlib
 import errno
 import itertools
+import os
 import select
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -44,6 +47,7 @@ _CHUNK = 1 << 18
 # Bytes of one large body read per service turn, so the owner's other sockets get a turn.
 _BODY_TURN = 16 << 20
 _IOV_MAX = 512
+_UNIX_SNDBUF = 4 << 20
 
 
 def parse_tcp(address: str) -> tuple[str, int]:
@@ -52,6 +56,41 @@ def parse_tcp(address: str) -> tuple[str, int]:
         raise ValueError(f"expected an address like tcp://127.0.0.1:5555; got {address!r}")
     host, _, port = address[6:].rpartition(":")
     return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_local_names = itertools.count()
+
+
+def _listen(address: str) -> tuple[socket.socket, str]:
+    """A listening socket for ``tcp://HOST:PORT`` and the address peers dial.
+
+    An endpoint bound to loopback is reachable from this machine only, so on Linux it
+    listens on an abstract Unix socket instead (``ipc://@name``): the same reach, without
+    the TCP stack, which roughly halves the CPU a small message costs each side.
+    """
+    if address.startswith("ipc://"):
+        name = address[len("ipc://") :]
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(name.replace("@", "\0", 1) if name.startswith("@") else name)
+        sock.listen(128)
+        return sock, address
+    host, port = parse_tcp(address)
+    if host in _LOOPBACK and port == 0 and sys.platform == "linux":
+        return _listen(f"ipc://@pathways-{os.getpid()}-{next(_local_names)}")
+    sock = socket.create_server((host, port), backlog=128)
+    return sock, format_tcp(host, sock.getsockname()[1])
+
+
+def dial(address: str, timeout: float) -> socket.socket:
+    """A connected socket to a stream endpoint's address (``tcp://`` or ``ipc://``)."""
+    if address.startswith("ipc://"):
+        name = address[len("ipc://") :]
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(name.replace("@", "\0", 1) if name.startswith("@") else name)
+        return sock
+    return socket.create_connection(parse_tcp(address), timeout=timeout)
 
 
 def format_tcp(host: str, port: int) -> str:
@@ -72,7 +111,12 @@ class _Conn:
 
     def __init__(self, sock: socket.socket, ident: bytes, max_bytes: int | None) -> None:
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family == socket.AF_UNIX:
+            # A Unix socket's buffer (~200 KiB by default) caps each write: ask for more,
+            # so large arrays cross in fewer system calls (the kernel may grant less).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _UNIX_SNDBUF)
+        else:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.fd = sock.fileno()
         self.ident = ident
@@ -312,11 +356,9 @@ class StreamRouter(_Endpoint):
 
     def __init__(self, address: str, max_bytes: int | None = None) -> None:
         super().__init__(max_bytes)
-        host, port = parse_tcp(address)
-        self._listener = socket.create_server((host, port), backlog=128)
+        self._listener, self.address = _listen(address)
         self._listener.setblocking(False)
         self._ep.register(self._listener.fileno(), select.EPOLLIN)
-        self.address = format_tcp(host, self._listener.getsockname()[1])
         self._by_ident: dict[bytes, _Conn] = {}
         self._next = itertools.count(1)
 
@@ -373,8 +415,7 @@ class StreamDealer(_Endpoint):
         timeout: float = 10.0,
     ) -> None:
         super().__init__(max_bytes)
-        host, port = parse_tcp(address)
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = dial(address, timeout)
         self._conn: _Conn | None = _Conn(sock, b"", max_bytes)
         self._add(self._conn)
         self._blocking = blocking

@@ -91,7 +91,8 @@ def bind_router(
     ctx: zmq.Context[Any], address: str, max_bytes: int | None = None
 ) -> tuple[RouterSocket, str]:
     """Bind the many-peer end of a link (a ROUTER): ZeroMQ for ``inproc://``, a stream
-    endpoint for ``tcp://`` (``:0`` picks a free port). Returns it and its address."""
+    endpoint for ``tcp://`` (``:0`` picks a free port; on loopback, a Unix socket) or
+    ``ipc://``. Returns it and the address peers connect to."""
     if address.startswith("inproc://"):
         return bind(ctx, zmq.ROUTER, address, max_bytes)
     router = StreamRouter(address, max_bytes)

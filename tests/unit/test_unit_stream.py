@@ -15,7 +15,7 @@ import zmq
 
 from pathways_nb._core import BrokenError
 from pathways_nb.wire import Poller, connect_dealer, peer_id, receive
-from pathways_nb.wire._stream import StreamDealer, StreamRouter, format_tcp, parse_tcp
+from pathways_nb.wire._stream import StreamDealer, StreamRouter, dial, format_tcp, parse_tcp
 
 
 @pytest.fixture
@@ -68,10 +68,16 @@ def test_poller_reports_stream_endpoints_as_themselves(router: StreamRouter) -> 
 def test_large_messages_arrive_whole_and_in_order_with_small_ones(router: StreamRouter) -> None:
     big = np.arange(3 << 19, dtype=np.uint8)  # many receive chunks, within the hard limit
     d = StreamDealer(router.address, blocking=True)
-    d.send_multipart([b"before"])
-    d.send_multipart([b"big", memoryview(big)])
-    d.send_multipart([b"after"])
+
+    def send() -> None:  # blocking sends return once the kernel holds them: not here
+        d.send_multipart([b"before"])
+        d.send_multipart([b"big", memoryview(big)])
+        d.send_multipart([b"after"])
+
+    sender = threading.Thread(target=send)
+    sender.start()
     got = gather(router, 3)
+    sender.join()
     assert [m[1] for m in got] == [b"before", b"big", b"after"]
     np.testing.assert_array_equal(np.frombuffer(got[1][2], np.uint8), big)
     d.close()
@@ -108,7 +114,7 @@ def test_junk_closes_only_that_connection(router: StreamRouter) -> None:
     good = StreamDealer(router.address)
     good.send_multipart([b"hi"])
     ident = gather(router, 1)[0][0]
-    raw = socket.create_connection(("127.0.0.1", int(router.address.rsplit(":", 1)[1])))
+    raw = dial(router.address, 10)
     raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
     raw.settimeout(10)
     poller = Poller()
@@ -136,7 +142,9 @@ def test_a_departed_peer_is_unreachable_and_oversized_messages_drop_the_sender(
     d = StreamDealer(router.address, blocking=True)
     d.send_multipart([b"hi"])
     ident = gather(router, 1)[0][0]
-    d.send_multipart([b"x" * (3 << 20)])  # past twice the router's 1 MiB limit
+    # Past twice the router's 1 MiB limit; sent from a thread, as it blocks until read.
+    sender = threading.Thread(target=d.send_multipart, args=([b"x" * (3 << 20)],))
+    sender.start()
     deadline = time.monotonic() + 10
     while True:
         assert time.monotonic() < deadline
@@ -147,6 +155,7 @@ def test_a_departed_peer_is_unreachable_and_oversized_messages_drop_the_sender(
             assert exc.errno == errno.EHOSTUNREACH
             break
         time.sleep(0.01)
+    sender.join(10)
     d.close()
 
 
@@ -182,6 +191,22 @@ def test_connecting_to_nothing_says_what_was_unreachable() -> None:
 def test_peer_id_reads_zeromq_frames_and_stream_identities() -> None:
     assert peer_id(zmq.Frame(b"\x00ab")) == b"\x00ab"
     assert peer_id(memoryview(b"\x00cd")) == b"\x00cd"
+
+
+def test_loopback_endpoints_are_unix_sockets_and_others_tcp() -> None:
+    local = StreamRouter("tcp://127.0.0.1:0")
+    anywhere = StreamRouter("tcp://0.0.0.0:0")
+    try:
+        assert local.address.startswith("ipc://@pathways-")
+        assert anywhere.address.startswith("tcp://0.0.0.0:")
+        for r in (local, anywhere):
+            d = StreamDealer(r.address.replace("0.0.0.0", "127.0.0.1"))
+            d.send_multipart([b"ping"])
+            assert [m[1:] for m in gather(r, 1)] == [[b"ping"]]
+            d.close()
+    finally:
+        local.close()
+        anywhere.close()
 
 
 def test_tcp_addresses_parse_and_format_both_ways() -> None:
