@@ -13,9 +13,9 @@ package uses: ``send_multipart`` (a ROUTER's first frame names the peer; an unkn
 departed peer raises ``EHOSTUNREACH`` like a ROUTER with ``ROUTER_MANDATORY``),
 :meth:`receive` and ``close``. Each exposes one file descriptor (an epoll instance over
 its sockets) that a ``zmq.Poller`` watches beside ZeroMQ sockets. Like a ZeroMQ socket,
-each is owned by one thread, which alone receives; a dealer may also be sent on from
-other threads. Sends never block (unless asked to): what the kernel does not take at
-once waits in the connection's queue and goes when the owner next services the socket.
+each is owned by one thread, which alone receives; unlike one, any thread may send. Sends
+never block (unless asked to): what the kernel does not take at once waits in the
+connection's queue and goes when the owner next services the socket.
 
 On the wire a message is ``b"PW"``, its frame count (u16), each frame's length (u64),
 then the frames. A stream that does not start that way is not ours: the connection is
@@ -270,6 +270,9 @@ class _Endpoint:
         self._max_bytes = max_bytes
         self._ep = select.epoll()
         self._conns: dict[int, _Conn] = {}  # fd -> connection
+        # Held while connections come and go: a send from another thread may find its
+        # connection broken and drop it while the owner accepts new ones.
+        self._lock = threading.Lock()
         self._closed = False
 
     def fileno(self) -> int:
@@ -277,15 +280,19 @@ class _Endpoint:
         return self._ep.fileno()
 
     def _add(self, conn: _Conn) -> None:
-        self._conns[conn.fd] = conn
-        self._ep.register(conn.fd, select.EPOLLIN)
+        with self._lock:
+            self._conns[conn.fd] = conn
+            self._ep.register(conn.fd, select.EPOLLIN)
 
     def _drop(self, conn: _Conn) -> None:
-        self._conns.pop(conn.fd, None)
-        with contextlib.suppress(OSError, ValueError):
-            self._ep.unregister(conn.fd)
+        with self._lock:
+            if self._conns.get(conn.fd) is not conn:
+                return  # dropped already, by the owner or by another thread's send
+            del self._conns[conn.fd]
+            with contextlib.suppress(OSError, ValueError):
+                self._ep.unregister(conn.fd)
+            self._gone(conn)
         conn.close()
-        self._gone(conn)
 
     def _gone(self, conn: _Conn) -> None:
         """A connection closed (the peer left, or sent what is not ours)."""
@@ -306,7 +313,7 @@ class _Endpoint:
             self._drop(conn)
             return
         mask = select.EPOLLIN | (select.EPOLLOUT if conn.wants_write else 0)
-        if mask != conn.mask and conn.fd in self._conns:
+        if mask != conn.mask and self._conns.get(conn.fd) is conn:
             conn.mask = mask
             self._ep.modify(conn.fd, mask)
 
@@ -383,7 +390,7 @@ class StreamRouter(_Endpoint):
         return [memoryview(conn.ident), *frames]
 
     def send_multipart(self, frames: Sequence[Any], copy: bool = False) -> None:
-        """Send ``frames[1:]`` to the peer named by ``frames[0]``."""
+        """Send ``frames[1:]`` to the peer named by ``frames[0]``; safe from any thread."""
         ident = frames[0]
         conn = self._by_ident.get(bytes(ident.buffer if isinstance(ident, zmq.Frame) else ident))
         if conn is None or conn.closed:

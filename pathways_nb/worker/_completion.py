@@ -26,6 +26,9 @@ _BATCH_WAIT = 2e-3
 # How long a finished launch's acknowledgement may wait for company: bounds how stale
 # the controller's accounting, the event log and the client's is_ready() can be.
 _ACK_DELAY = 2e-3
+# A launch running alone that someone waits on (a fetch, block_until_ready) and that has
+# measured at most this long is waited for by the thread that dispatched it.
+_INLINE_WAIT = 2e-3
 
 
 class Done(NamedTuple):
@@ -93,11 +96,14 @@ class Completions:
 
     def dispatched(self, item: Done) -> None:
         """A launch is in XLA's hands; its completion is recorded by the completion thread,
-        or here and now when it ran alone and XLA already finished it.
+        or here and now when it runs alone and either XLA already finished it or it is
+        short and someone waits on it.
 
-        Small programs without collectives run inline in XLA:CPU's execute call. Recording
-        those at once answers a waiting fetch and acknowledges the launch without two
-        thread hand-offs (to the completion thread, then to the socket thread).
+        Small programs without collectives run inline in XLA:CPU's execute call; a short
+        one that a fetch already waits for (a one-at-a-time loop) is waited for here, the
+        dispatching thread holding still for at most ~``_INLINE_WAIT``. Either way the
+        waiting fetch is answered and the launch acknowledged without two thread
+        hand-offs (to the completion thread, then to the socket thread).
         """
         with self._room:
             alone = self._in_xla == 0
@@ -106,7 +112,11 @@ class Completions:
             ack = None
             computed: list[int] = []
             try:
-                if self._done.empty() and all(_is_ready(leaf) for leaf in item.leaves or ()):
+                short = self._duration.get(item.name, _INLINE_WAIT + 1) <= _INLINE_WAIT
+                if self._done.empty() and (
+                    (short and self.store.has_ready_waiters(item.outs))
+                    or all(_is_ready(leaf) for leaf in item.leaves or ())
+                ):
                     ack = self._complete(item, computed)
                     self.completed += 1
             finally:

@@ -47,7 +47,7 @@ from pathways_nb.wire import (
     receive,
 )
 from pathways_nb.wire._messages import error_header
-from pathways_nb.wire._stream import StreamDealer
+from pathways_nb.wire._stream import StreamDealer, StreamRouter
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
@@ -126,6 +126,7 @@ class Host:
         self.data_address = ""
         self._loop_ident = -1
         self._direct_ctl = False
+        self._direct_data = False
 
     # lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> Host:
@@ -145,6 +146,7 @@ class Host:
             peer="the controller",
         )
         self._direct_ctl = isinstance(self._ctl, StreamDealer)
+        self._direct_data = isinstance(self._data, StreamRouter)
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)
@@ -205,13 +207,15 @@ class Host:
             self._outbox.send(_TO_CONTROLLER, encode(header))
 
     def _to_client(self, identity: bytes, header: dict[str, Any], bufs: Sequence[Any] = ()) -> None:
-        if threading.get_ident() == self._loop_ident:
+        # As for the controller: a stream takes an answer from the completion thread or
+        # the fetch pool directly; a ZeroMQ socket only from the socket thread.
+        if self._direct_data or threading.get_ident() == self._loop_ident:
             self._send_data(identity, encode(header, bufs))
         else:
             self._outbox.send(b"d" + identity, encode(header, bufs))
 
     def _send_data(self, identity: bytes, frames: Sequence[Any]) -> None:
-        """Send to a client on the data plane; only the socket thread calls this."""
+        """Send to a client on the data plane (the socket thread, or any with a stream)."""
         try:
             self._data.send_multipart([identity, *frames], copy=False)
         except zmq.ZMQError as exc:

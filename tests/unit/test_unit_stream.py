@@ -215,3 +215,33 @@ def test_tcp_addresses_parse_and_format_both_ways() -> None:
     assert format_tcp("::1", 7) == "tcp://[::1]:7"
     with pytest.raises(ValueError, match="expected an address like tcp://"):
         parse_tcp("inproc://x")
+
+
+def test_a_router_may_be_sent_on_from_other_threads_in_order(router: StreamRouter) -> None:
+    d = StreamDealer(router.address)
+    d.send_multipart([b"hi"])
+    ident = gather(router, 1)[0][0]
+    n = 2000
+
+    def burst(tag: bytes) -> None:
+        for i in range(n):
+            router.send_multipart([ident, tag, i.to_bytes(4, "big")])
+
+    threads = [threading.Thread(target=burst, args=(t,)) for t in (b"a", b"b")]
+    for t in threads:
+        t.start()
+    got: list[list[bytes]] = []
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(d, zmq.POLLIN)
+    deadline = time.monotonic() + 30
+    while len(got) < 2 * n:
+        assert time.monotonic() < deadline, f"got {len(got)} of {2 * n}"
+        poller.poll(100)
+        list(receive(router))  # the owner writes what waited for room
+        got.extend([bytes(f) for f in m] for m in receive(d))
+    for t in threads:
+        t.join()
+    for tag in (b"a", b"b"):
+        assert [int.from_bytes(m[1], "big") for m in got if m[0] == tag] == list(range(n))
+    d.close()
