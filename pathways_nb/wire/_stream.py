@@ -147,18 +147,9 @@ class _Conn:
         taken = 0
         while not self.closed and taken < _BODY_TURN:
             if self._body is not None:
-                view = self._body[self._filled :]
-                try:
-                    n = self.sock.recv_into(view)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    self.closed = True
-                    break
-                finally:
-                    view.release()
-                if n == 0:
-                    self.closed = True
+                with self._body[self._filled :] as view:
+                    n = self._recv(view)
+                if not isinstance(n, int):
                     break
                 self._filled += n
                 taken += n
@@ -166,15 +157,8 @@ class _Conn:
                     msgs.append(_split(self._body, self._lens))
                     self._body = None
                 continue
-            try:
-                chunk = self.sock.recv(_CHUNK)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self.closed = True
-                break
-            if not chunk:
-                self.closed = True
+            chunk = self._recv(None)
+            if not isinstance(chunk, bytes):
                 break
             self._in += chunk
             taken += len(chunk)
@@ -182,6 +166,20 @@ class _Conn:
             if len(chunk) < _CHUNK and self._body is None:
                 break
         return msgs
+
+    def _recv(self, view: memoryview | None) -> int | bytes | None:
+        """One receive, into ``view`` if given (its byte count) or as bytes; None when
+        nothing is there now, or at end of stream or on error (which close the connection)."""
+        try:
+            got = self.sock.recv_into(view) if view is not None else self.sock.recv(_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            got = b""
+        if not got:
+            self.closed = True
+            return None
+        return got
 
     def _parse(self, msgs: list[list[memoryview]]) -> None:
         buf = self._in
