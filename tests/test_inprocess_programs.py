@@ -34,8 +34,9 @@ def test_put_fetch_roundtrip_dtypes_and_specs(client: pw.Client) -> None:
     assert tree["b"][1] == 7 and float(tree["b"][0]) == 3.5
 
 
-def test_fetch_places_each_shard_of_partly_replicated_layouts(client: pw.Client) -> None:
-    # Hosts answer a fetch with each distinct shard and its region; the client places them.
+def test_fetch_of_partly_replicated_layouts_on_a_2d_mesh(client: pw.Client) -> None:
+    # Devices that hold the same region must not count twice, and regions that tile two
+    # dimensions must land in place.
     vs = client.allocate({"a": 2, "b": 2})
     x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     for spec in (P("a"), P(None, "b"), P("a", "b"), P(("a", "b")), P()):
