@@ -1,12 +1,12 @@
 """Sockets behind one small interface.
 
-Addresses are ``tcp://host:port`` between processes and ``inproc://name`` inside one
-(the in-process test tier: controller, hosts and client share one context). Every
-socket is owned by one thread; other threads reach it through an :class:`Outbox`.
-
 Between processes every link (client ↔ controller ↔ hosts, client ↔ host, host ↔ host)
-runs over :mod:`pathways_nb.wire._stream`, where a ZeroMQ hop's two I/O-thread
-wake-ups would dominate each small message; within one process it is ZeroMQ.
+runs over :mod:`pathways_nb.wire._stream` (addresses ``tcp://host:port``, or
+``ipc://@name`` for an endpoint bound to loopback), where a ZeroMQ hop's two I/O-thread
+wake-ups would dominate each small message. Within one process (``inproc://name``: the
+in-process test tier, where controller, hosts and client share one context) it is
+ZeroMQ. Every socket is owned by one thread, which alone receives; other threads send
+on a stream endpoint directly and reach a ZeroMQ socket through an :class:`Outbox`.
 """
 
 from __future__ import annotations
