@@ -33,8 +33,8 @@ from pathways_nb.wire import (
     encode_batch,
     pack,
     receive,
+    sends_from_any_thread,
 )
-from pathways_nb.wire._stream import StreamDealer
 
 log = logging.getLogger("pathways_nb.client")
 
@@ -60,7 +60,7 @@ class IOThread:
         # Held while messages to the controller leave, by the IO thread (a whole drain)
         # or by a caller sending directly, so the controller sees them in submission order.
         self._ctl_lock = threading.Lock()
-        self._direct = isinstance(self._ctl, StreamDealer)
+        self._direct = sends_from_any_thread(self._ctl)
         # Deletions wait here, apart from the outbox, for the IO thread's next turn.
         self._deletes: collections.deque[int] = collections.deque()
         self._hosts: dict[str, DealerSocket] = {}

@@ -19,6 +19,7 @@ from pathways_nb.wire._transport import (
     new_inproc_address,
     peer_id,
     receive,
+    sends_from_any_thread,
 )
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "pack",
     "peer_id",
     "receive",
+    "sends_from_any_thread",
 ]

@@ -139,6 +139,12 @@ class Poller(zmq.Poller):
         return [(by_fd.get(s, s) if type(s) is int else s, e) for s, e in super().poll(timeout)]
 
 
+def sends_from_any_thread(sock: AnySocket) -> bool:
+    """Whether threads other than the owner may send on ``sock`` (a stream endpoint may;
+    a ZeroMQ socket may not, and is reached through an :class:`Outbox`)."""
+    return isinstance(sock, _Endpoint)
+
+
 def peer_id(frame: Any) -> bytes:
     """The identity a ROUTER-like socket put first in a received message."""
     return bytes(frame.buffer) if isinstance(frame, zmq.Frame) else bytes(frame)

@@ -45,9 +45,9 @@ from pathways_nb.wire import (
     new_inproc_address,
     peer_id,
     receive,
+    sends_from_any_thread,
 )
 from pathways_nb.wire._messages import error_header
-from pathways_nb.wire._stream import StreamDealer, StreamRouter
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
@@ -145,8 +145,8 @@ class Host:
             self.config.max_control_message,
             peer="the controller",
         )
-        self._direct_ctl = isinstance(self._ctl, StreamDealer)
-        self._direct_data = isinstance(self._data, StreamRouter)
+        self._direct_ctl = sends_from_any_thread(self._ctl)
+        self._direct_data = sends_from_any_thread(self._data)
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)
