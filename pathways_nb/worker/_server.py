@@ -50,6 +50,7 @@ from pathways_nb.wire import (
 from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
+from pathways_nb.worker._hostcopy import to_numpy
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
 from pathways_nb.worker._transfer import Assembler, Sender
 
@@ -430,7 +431,7 @@ class Host:
             if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
                 header["key_impl"] = str(jax.random.key_impl(value))
                 value = jax.random.key_data(value)
-            host_arr = np.asarray(value, order="C")
+            host_arr = to_numpy(value)
             header["shape"] = list(host_arr.shape)
             header["dtype"] = host_arr.dtype.str
             self._to_client(identity, header, [memoryview(host_arr.data).cast("B")])

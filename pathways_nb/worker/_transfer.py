@@ -24,11 +24,11 @@ import zmq
 from pathways_nb._core import RemoteError, decode_spec, local_versions
 from pathways_nb.wire import DealerSocket, connect_dealer, decode, encode, receive
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._hostcopy import Index, host_shards, normalize
 from pathways_nb.worker._store import Entry
 
 log = logging.getLogger("pathways_nb.worker")
 
-Index = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 
 _STOP = object()
 
@@ -78,16 +78,6 @@ def shard_indices(
             index.append((pos * chunk, (pos + 1) * chunk))
         out.append(tuple(index))
     return out
-
-
-def normalize(index: Sequence[slice], shape: Sequence[int]) -> Index:
-    """A JAX shard's ``index`` (a tuple of slices) as ``(start, stop)`` pairs."""
-    out = []
-    for d, n in enumerate(shape):
-        s = index[d] if d < len(index) else slice(None)
-        start, stop, _ = s.indices(n)
-        out.append((start, stop))
-    return tuple(out)
 
 
 def overlap(a: Index, b: Index) -> Index | None:
@@ -275,13 +265,7 @@ class Sender:
             key_impl = str(jax.random.key_impl(value))
             value = jax.random.key_data(value)
         shape = tuple(value.shape)
-        seen: set[Index] = set()
-        shards = []
-        for s in value.addressable_shards:
-            index = normalize(s.index, shape)
-            if index not in seen:
-                seen.add(index)
-                shards.append((index, np.asarray(s.data)))
+        shards = host_shards(value)
         regions = pieces_for(shape, body["spec"], body["mesh"], body["devices"])
         data = [cut(region, shards, np.dtype(value.dtype)) for region, _ in regions]
         return regions, data, key_impl

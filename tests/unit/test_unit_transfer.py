@@ -9,8 +9,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, encode_spec
+from pathways_nb.worker._hostcopy import host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
-from pathways_nb.worker._transfer import cut, normalize, overlap, pieces_for, shard_indices
+from pathways_nb.worker._transfer import cut, overlap, pieces_for, shard_indices
 
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
 
@@ -53,6 +54,37 @@ def test_cut_assembles_any_destination_region(
             for region, _ in pieces:
                 got = cut(region, shards, np.dtype(np.float32))
                 np.testing.assert_array_equal(got, x[tuple(slice(a, b) for a, b in region)])
+
+
+@pytest.mark.parametrize(("shape", "names"), MESHES)
+def test_host_copies_match_numpy_for_every_layout(
+    shape: tuple[int, ...], names: tuple[str, ...]
+) -> None:
+    """``to_numpy`` and ``host_shards`` (a fetch, a transfer's source) read every layout,
+    replicated, partly replicated and sharded, as ``np.asarray`` does."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+    x = np.arange(128, dtype=np.float32).reshape(16, 8)
+    for spec in _specs(names):
+        arr = jax.device_put(x, NamedSharding(mesh, spec))
+        for _ in range(2):  # the second read takes the cached layout
+            got = to_numpy(arr)
+            np.testing.assert_array_equal(got, x)
+            assert got.flags.c_contiguous
+            shards = host_shards(arr)
+            want = {normalize(s.index, x.shape) for s in arr.addressable_shards}
+            assert {r for r, _ in shards} == want, spec
+            for region, data in shards:
+                np.testing.assert_array_equal(data, x[tuple(slice(a, b) for a, b in region)])
+
+
+def test_host_copies_of_scalars_and_narrow_dtypes() -> None:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    scalar = jax.device_put(np.float32(3.5), NamedSharding(mesh, P()))
+    assert to_numpy(scalar).shape == () and to_numpy(scalar) == np.float32(3.5)
+    bf = jax.device_put(jax.numpy.arange(8, dtype=jax.numpy.bfloat16), NamedSharding(mesh, P("x")))
+    got = to_numpy(bf)
+    assert got.dtype == np.asarray(bf).dtype
+    np.testing.assert_array_equal(got, np.asarray(bf))
 
 
 def test_index_errors_say_what_does_not_fit() -> None:
