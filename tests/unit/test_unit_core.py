@@ -238,3 +238,25 @@ def test_a_bad_variable_is_named_in_the_error(
 def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config().inflight_window = 3  # type: ignore[misc]
+
+
+def test_local_cluster_retunes_dask_housekeeping_left_at_its_default() -> None:
+    import dask
+
+    from pathways_nb.deploy._local import _dask_tuning
+
+    with dask.config.set(
+        {"distributed.admin.tick.interval": "20ms", "distributed.worker.profile.interval": "10ms"}
+    ):
+        assert _dask_tuning({}) == {
+            "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms",
+            "DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms",
+        }
+        # A variable in the environment the cluster starts with wins.
+        got = _dask_tuning({"DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "20ms"})
+        assert got == {"DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms"}
+    # So does a value the user configured (a file, dask.config.set).
+    with dask.config.set(
+        {"distributed.admin.tick.interval": "50ms", "distributed.worker.profile.interval": "10ms"}
+    ):
+        assert _dask_tuning({}) == {"DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms"}
