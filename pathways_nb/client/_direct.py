@@ -76,32 +76,35 @@ class DirectChannels:
         """
         order: dict[int, int] = {}
         poller = Poller()
-        for i, (address, header) in enumerate(requests):
-            sock = self._socket(address)
-            rid = next(self._rids)
-            order[rid] = i
-            sock.send_multipart(encode({**header, "rid": rid}), copy=False)
-            poller.register(sock, zmq.POLLIN)
-        out: list[Reply | None] = [None] * len(requests)
-        missing = len(requests)
-        while missing:
-            ready = poller.poll(100)
-            if not ready:
-                check()
-                continue
-            for sock, _ in ready:
-                for frames in receive(sock, 10_000):
-                    msg = decode(frames)
-                    i = order.pop(msg.header.get("rid", -1), -1)
-                    if i < 0:
-                        continue  # an answer to a wait that was interrupted earlier
-                    h = msg.header
-                    if h["t"] == "failed":
-                        raise RemoteError.from_dict(h.get("error") or {})
-                    if h["t"] == "error":
-                        raise ProtocolError(h.get("message", ""))
-                    out[i] = (h, msg.buffers)
-                    missing -= 1
+        try:
+            for i, (address, header) in enumerate(requests):
+                sock = self._socket(address)
+                rid = next(self._rids)
+                order[rid] = i
+                sock.send_multipart(encode({**header, "rid": rid}), copy=False)
+                poller.register(sock, zmq.POLLIN)
+            out: list[Reply | None] = [None] * len(requests)
+            missing = len(requests)
+            while missing:
+                ready = poller.poll(100)
+                if not ready:
+                    check()
+                    continue
+                for sock, _ in ready:
+                    for frames in receive(sock, 10_000):
+                        msg = decode(frames)
+                        i = order.pop(msg.header.get("rid", -1), -1)
+                        if i < 0:
+                            continue  # an answer to a wait that was interrupted earlier
+                        h = msg.header
+                        if h["t"] == "failed":
+                            raise RemoteError.from_dict(h.get("error") or {})
+                        if h["t"] == "error":
+                            raise ProtocolError(h.get("message", ""))
+                        out[i] = (h, msg.buffers)
+                        missing -= 1
+        finally:
+            poller.close()
         return [r for r in out if r is not None]
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ class IOThread:
     ) -> None:
         self._ctx = ctx
         self._ctl = connect_dealer(ctx, controller_address, peer="the controller")
-        self._outbox = Outbox(ctx, "client")
+        self._outbox = Outbox()
         # Held while messages to the controller leave, by the IO thread (a whole drain)
         # or by a caller sending directly, so the controller sees them in submission order.
         self._ctl_lock = threading.Lock()
@@ -94,6 +94,7 @@ class IOThread:
         for s in self._hosts.values():
             s.close(0)
         self._outbox.close()
+        self._poller.close()
         self._fail_all(ClosedError("the client was closed"))
 
     # user-thread API ----------------------------------------------------------------

@@ -156,7 +156,7 @@ class Controller(ClientRequests, HostMessages):
         self._hosts, self.host_address = bind_router(
             self._ctx, haddr, self.config.max_control_message
         )
-        self._outbox = Outbox(self._ctx, "ctl-outbox")
+        self._outbox = Outbox()
         self._thread = threading.Thread(target=self._run, name="pathways-controller", daemon=True)
         self._thread.start()
         self._started.wait()

@@ -12,8 +12,10 @@ on a stream endpoint directly and reach a ZeroMQ socket through an :class:`Outbo
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
+import select
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -121,22 +123,82 @@ def connect_dealer(
         ) from None
 
 
-class Poller(zmq.Poller):
-    """A ``zmq.Poller`` that also watches stream endpoints and reports them as themselves
-    (a plain ``zmq.Poller`` reports an object polled by file descriptor as that number)."""
+class Poller:
+    """Waits on stream endpoints, :class:`Bell` objects and ZeroMQ sockets together and
+    reports each ready one as the object that was registered.
+
+    Without a ZeroMQ socket among them (every loop whose links run between processes) it
+    is one epoll object: a ``zmq.Poller`` costs several microseconds more per call,
+    paid on every wake-up of every loop.
+    """
 
     def __init__(self) -> None:
-        super().__init__()
         self._by_fd: dict[int, Any] = {}
+        self._ep = select.epoll()
+        self._zmq: zmq.Poller | None = None
 
-    def register(self, socket: Any, flags: int = zmq.POLLIN | zmq.POLLOUT) -> None:
-        if isinstance(socket, _Endpoint):
-            self._by_fd[socket.fileno()] = socket
-        super().register(socket, flags)
+    def register(self, obj: Any, flags: int = zmq.POLLIN) -> None:
+        """Watch ``obj`` for input (the only event the package's loops wait for)."""
+        if flags != zmq.POLLIN:
+            raise ValueError(f"a Poller watches for input only (zmq.POLLIN); got flags {flags}")
+        if isinstance(obj, zmq.Socket):
+            self._zmq_poller().register(obj, zmq.POLLIN)
+            return
+        fd = obj.fileno()
+        if fd in self._by_fd:
+            return  # registering again changes nothing, as with zmq.Poller
+        self._by_fd[fd] = obj
+        self._ep.register(fd, select.EPOLLIN)
+        if self._zmq is not None:
+            self._zmq.register(fd, zmq.POLLIN)
+
+    def _zmq_poller(self) -> zmq.Poller:
+        if self._zmq is None:
+            self._zmq = zmq.Poller()
+            for fd in self._by_fd:
+                self._zmq.register(fd, zmq.POLLIN)
+        return self._zmq
 
     def poll(self, timeout: int | None = None) -> list[tuple[Any, int]]:
+        """The ready objects, waiting at most ``timeout`` milliseconds (None: forever)."""
         by_fd = self._by_fd
-        return [(by_fd.get(s, s) if type(s) is int else s, e) for s, e in super().poll(timeout)]
+        if self._zmq is None:
+            wait = -1.0 if timeout is None or timeout < 0 else timeout / 1000
+            return [(by_fd[fd], _POLLIN) for fd, _ in self._ep.poll(wait)]
+        return [(by_fd.get(s, s) if type(s) is int else s, e) for s, e in self._zmq.poll(timeout)]
+
+    def close(self) -> None:
+        self._ep.close()
+
+
+class Bell:
+    """A wake-up any thread may ring for a loop that polls it (an eventfd)."""
+
+    def __init__(self) -> None:
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def ring(self) -> None:
+        # Under the lock: a ring racing close() must not write to a reused descriptor.
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self._fd, 1)
+
+    def clear(self) -> None:
+        """Silence it (the owner, before looking at what it was rung for)."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._fd)
 
 
 def sends_from_any_thread(sock: AnySocket) -> bool:
@@ -180,30 +242,20 @@ class Outbox:
     """Lets any thread hand work to the thread that owns a loop.
 
     Producers append ``(target, payload)`` to a deque; only the first item after the owner
-    last drained also rings a bell (one byte on an ``inproc`` PUSH), so a burst of
-    submissions costs one wake-up, not a socket send each. The owner polls :attr:`socket`
-    beside its network sockets and calls :meth:`drain`.
+    last drained also rings a :class:`Bell`, so a burst of submissions costs one wake-up,
+    not one each. The owner polls :attr:`socket` beside its network sockets and calls
+    :meth:`drain`.
     """
 
-    def __init__(self, ctx: zmq.Context[Any], name: str) -> None:
-        self.address = new_inproc_address(name)
-        self._pull = ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.bind(self.address)
-        self._push = ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.setsockopt(zmq.SNDHWM, 0)
-        self._push.connect(self.address)
-        self._lock = threading.Lock()
+    def __init__(self) -> None:
+        self._bell = Bell()
         self._queue: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._armed = False
-        self._closed = False
 
     @property
-    def socket(self) -> zmq.Socket[Any]:
-        """The bell's PULL end, for the owner's poller."""
-        return self._pull
+    def socket(self) -> Bell:
+        """The bell, for the owner's poller."""
+        return self._bell
 
     def send(self, target: bytes, payload: Any, wake: bool = True) -> None:
         """Queue ``payload`` for ``target``; safe from any thread.
@@ -214,9 +266,7 @@ class Outbox:
         self._queue.append((target, payload))
         if wake and not self._armed:
             self._armed = True
-            with self._lock:
-                if not self._closed:
-                    self._push.send(b"", copy=True)
+            self._bell.ring()
 
     def empty(self) -> bool:
         """Whether nothing is queued (a snapshot: another thread may queue at once)."""
@@ -226,8 +276,7 @@ class Outbox:
         """Everything queued, oldest first. Only the owner calls this."""
         # Silence the bell before re-arming it, and re-arm before emptying the queue, so an
         # item queued at any moment is either in this drain or rings again.
-        while _readable(self._pull):
-            self._pull.recv()
+        self._bell.clear()
         self._armed = False
         out = []
         q = self._queue
@@ -236,9 +285,4 @@ class Outbox:
         return out
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._push.close(0)
-        self._pull.close(0)
+        self._bell.close()

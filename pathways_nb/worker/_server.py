@@ -103,7 +103,7 @@ class Host:
         self._bind_host = bind_host
         self._inproc = inproc
         self.store = ObjectStore(self.config.store_limit_bytes)
-        self._outbox = Outbox(self._ctx, f"host-{name}")
+        self._outbox = Outbox()
         self.executor = Executor(
             name,
             self.devices,

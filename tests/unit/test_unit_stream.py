@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from pathways_nb._core import BrokenError
-from pathways_nb.wire import Poller, connect_dealer, peer_id, receive
+from pathways_nb.wire import Outbox, Poller, connect_dealer, peer_id, receive
 from pathways_nb.wire._stream import StreamDealer, StreamRouter, dial, format_tcp, parse_tcp
 
 
@@ -63,6 +63,49 @@ def test_poller_reports_stream_endpoints_as_themselves(router: StreamRouter) -> 
     ready = dict(poller.poll(5000))
     assert router in ready
     d.close()
+
+
+@pytest.mark.parametrize("with_zmq", [False, True])
+def test_poller_watches_endpoints_bells_and_zmq_sockets_together(
+    router: StreamRouter, with_zmq: bool
+) -> None:
+    """Without a ZeroMQ socket the poller is one epoll object; with one it is a
+    zmq.Poller; both report each ready object as the one registered."""
+    ctx = zmq.Context()
+    box = Outbox()
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(box.socket, zmq.POLLIN)
+    poller.register(box.socket, zmq.POLLIN)  # again: no change, as with zmq.Poller
+    pull = push = None
+    if with_zmq:
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        pull.bind("inproc://poller-test")
+        push.connect("inproc://poller-test")
+        poller.register(pull, zmq.POLLIN)
+    assert poller.poll(0) == []
+    box.send(b"t", 1)
+    box.send(b"t", 2)  # one ring for a burst
+    assert dict(poller.poll(1000)) == {box.socket: zmq.POLLIN}
+    assert box.drain() == [(b"t", 1), (b"t", 2)]
+    assert poller.poll(0) == []  # draining silenced the bell
+    d = StreamDealer(router.address)
+    d.send_multipart([b"x"])
+    assert router in dict(poller.poll(5000))
+    if push is not None and pull is not None:
+        push.send(b"y")
+        deadline = time.monotonic() + 5
+        while pull not in dict(poller.poll(100)):
+            assert time.monotonic() < deadline
+        pull.close(0)
+        push.close(0)
+    with pytest.raises(ValueError, match="input only"):
+        poller.register(router, zmq.POLLOUT)
+    d.close()
+    box.close()
+    box.close()  # twice is fine
+    poller.close()
+    ctx.term()
 
 
 def test_large_messages_arrive_whole_and_in_order_with_small_ones(router: StreamRouter) -> None:
