@@ -48,8 +48,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import gc
 import itertools
 import multiprocessing
+import statistics
 import threading
 import time
 import traceback
@@ -487,16 +489,22 @@ def _point(
     }
 
 
-def tenants_on_one_island(tenants: list[int], launches: int, repeats: int) -> list[dict[str, Any]]:
+def tenants_on_one_island(
+    tenants: list[int], launches: int, repeats: int
+) -> tuple[list[dict[str, Any]], float]:
     """The gang scheduler alone (its own state machine, no sockets): µs per launch with
     ``T`` tenants' queues on one island, each a few launches deep, the window always full:
     every completion dispatches the least advanced tenant's next launch and every tenant
-    keeps submitting. The load the cluster sweep leaves out (one tenant per island)."""
-    out = []
+    keeps submitting. The load the cluster sweep leaves out (one tenant per island).
+
+    Each repeat measures every size back to back, with the garbage collector paused as
+    ``timeit`` does, and the ratio (most tenants over one) is the median of the repeats'
+    ratios: the machine's speed drifts more between repeats than within one.
+    """
     lids = itertools.count(1)
-    for n in tenants:
-        samples = []
-        for _ in range(repeats):
+    samples: dict[int, list[float]] = {n: [] for n in tenants}
+    for _ in range(repeats):
+        for n in tenants:
             s = GangScheduler(Config().inflight_window)
             s.add_island("i0", "p0")
             for t in range(1, n + 1):
@@ -504,14 +512,19 @@ def tenants_on_one_island(tenants: list[int], launches: int, repeats: int) -> li
                 for _ in range(max(2, 4096 // n)):
                     s.submit(Work("run", t, "i0", next(lids), cost_key=f"k{t % 5}"))
             inflight = collections.deque(w.lid for w in s.dispatch())
-            t0 = time.perf_counter()
-            for i in range(launches):
-                s.complete(inflight.popleft(), 1e-3)
-                s.submit(Work("run", i % n + 1, "i0", next(lids), cost_key=f"k{i % 5}"))
-                inflight.extend(w.lid for w in s.dispatch())
-            samples.append((time.perf_counter() - t0) / launches * 1e6)
-        out.append({"tenants": n, "us_per_launch": summary(samples)})
-    return out
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                for i in range(launches):
+                    s.complete(inflight.popleft(), 1e-3)
+                    s.submit(Work("run", i % n + 1, "i0", next(lids), cost_key=f"k{i % 5}"))
+                    inflight.extend(w.lid for w in s.dispatch())
+                samples[n].append((time.perf_counter() - t0) / launches * 1e6)
+            finally:
+                gc.enable()
+    first, last = samples[tenants[0]], samples[tenants[-1]]
+    ratio = statistics.median(b / a for a, b in zip(first, last, strict=True))
+    return [{"tenants": n, "us_per_launch": summary(samples[n])} for n in tenants], ratio
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -530,8 +543,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         return float(last[key]["median"] / first[key]["median"])
 
     r, rc = ratio("us_per_program"), ratio("controller_cpu_us_per_program")
-    queues = tenants_on_one_island([1, 16, 128, 1024], 2000 if quick else 20_000, repeats)
-    rq = queues[-1]["us_per_launch"]["median"] / queues[0]["us_per_launch"]["median"]
+    queues, rq = tenants_on_one_island(
+        [1, 16, 128, 1024], 2000 if quick else 20_000, max(repeats, 5)
+    )
     return {
         "benchmark": "scale",
         "machine": machine(),
