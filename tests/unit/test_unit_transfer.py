@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 import pytest
@@ -114,3 +116,37 @@ def test_parking_lot_orders_and_blocks_by_array() -> None:
     assert lot.conflicts([10]) and lot.conflicts([11])
     assert [p.body for p in lot.take_all()] == [{"lid": 1}]
     assert not lot and not lot.conflicts([10])
+
+
+def test_assembler_places_pieces_and_reuses_one_sharding_per_layout() -> None:
+    """Arrivals assemble whole arrays on the destination devices; arrays of one layout
+    share one sharding object (JAX caches what it derives from a sharding on it)."""
+    from pathways_nb.worker._programs import Programs
+    from pathways_nb.worker._transfer import Assembler
+
+    programs = Programs("h", jax.devices()[:8])
+    done: list[Any] = []
+    asm = Assembler(
+        {d.id: d for d in jax.devices()[:8]},
+        programs.mesh,
+        lambda h, value, err, nbytes: done.append((h["handle"], value, err, nbytes)),
+    )
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    base = {"shape": [8, 8], "spec": [["x"]], "devices": [4, 5], "mesh": [["x", 2]]}
+    for handle in (1, 2):
+        for lo in (0, 4):
+            piece = np.ascontiguousarray(x[lo : lo + 4])
+            h = base | {
+                "handle": handle,
+                "pieces": 2,
+                "region": [[lo, lo + 4], [0, 8]],
+                "piece_dtype": piece.dtype.str,
+                "piece_shape": list(piece.shape),
+            }
+            asm.piece(h, [piece.data])
+    assert [d[0] for d in done] == [1, 2]
+    (_, a, err_a, nbytes), (_, b, _, _) = done
+    assert err_a is None and nbytes == x.nbytes
+    np.testing.assert_array_equal(np.asarray(a), x)
+    assert {d.id for d in a.devices()} == {4, 5}
+    assert a.sharding is b.sharding
