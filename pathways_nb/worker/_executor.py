@@ -219,8 +219,7 @@ class Executor:
                     self.completions.stop()
                     return
                 if item is _RESUME:
-                    for p in self._lot.take_all():
-                        self._handle(p.kind, p.body, p.deadline)
+                    self._resume_parked()
                 else:
                     self._handle(*item)
             except Exception:
@@ -228,6 +227,31 @@ class Executor:
             finally:
                 with self._cv:
                     self._busy = False
+
+    def _resume_parked(self) -> None:
+        """Try parked work again, oldest first. An item that is still held back (an
+        input absent, a donated input still being sent, or an array an item parked
+        before it touches) goes back in its place without being handled again: each
+        arrival wakes the whole lot, and most of it is still waiting."""
+        now = time.monotonic()
+        for p in self._lot.take_all():
+            if now < p.deadline and self._held_back(p.kind, p.body, p.touched):
+                self._lot.park(p.kind, p.body, p.touched, p.deadline)
+            else:
+                self._handle(p.kind, p.body, p.deadline)
+
+    def _held_back(self, kind: str, body: Any, touched: tuple[int, ...]) -> bool:
+        """Whether parked work must stay parked; its absent inputs are watched, so their
+        arrival wakes the lot (an item parked behind another never had them watched)."""
+        if self._lot.conflicts(touched):
+            return True
+        if kind == "run":
+            if self._sending and any(body["ins"][i] in self._sending for i in body["donate"]):
+                return True
+            return bool(self.store.watch_absent(body["ins"]))
+        if kind == "send":
+            return bool(self.store.watch_absent((body["src"],)))
+        return False
 
     def _lot_expired(self) -> bool:
         d = self._lot.earliest_deadline()
