@@ -241,8 +241,9 @@ class Executor:
                 self._handle(p.kind, p.body, p.deadline)
 
     def _held_back(self, kind: str, body: Any, touched: tuple[int, ...]) -> bool:
-        """Whether parked work must stay parked; its absent inputs are watched, so their
-        arrival wakes the lot (an item parked behind another never had them watched)."""
+        """Whether parked work must stay parked. Its absent inputs are watched here, so
+        their arrival wakes the lot: an item that parked behind another was parked before
+        its inputs were looked at."""
         if self._lot.conflicts(touched):
             return True
         if kind == "run":
