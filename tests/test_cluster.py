@@ -103,6 +103,32 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
         assert all(f"{x.nbytes} B" in d for d in done.detail)
 
 
+def _thread_nices(pid: int) -> dict[int, int]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return out
+
+
+def test_hosts_run_xla_threads_below_the_control_plane(local: pw.LocalCluster) -> None:
+    with pw.Client(local) as client:
+        vs = client.allocate({"d": 4})
+        x = vs.put(np.arange(8, dtype=np.float32), P("d"))
+        np.testing.assert_array_equal(np.asarray(pw.jit(lambda v: v * 3.0)(x)), np.arange(8) * 3.0)
+        row = client.status().islands.set_index("island").loc[vs.island]
+        pid = int(row.process.rsplit(":", 1)[1])
+    nices = _thread_nices(pid)
+    assert nices[pid] == 0  # the worker's main thread: Dask's event loop
+    # XLA's pools (at least a thread per device) yield; the host's Python threads do not.
+    assert sum(n == pw.Config().cpu_device_nice for n in nices.values()) >= 4
+    assert sum(n == 0 for n in nices.values()) >= 4
+    assert set(nices.values()) == {0, pw.Config().cpu_device_nice}
+
+
 def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCluster) -> None:
     address = local.controller_address
     # Well-framed junk gets an error reply on the same connection.

@@ -50,6 +50,17 @@ class Config:
     host_timeout_seconds: float = 30.0
     # Seconds a host waits for an array the client put but that has not arrived yet.
     put_wait_seconds: float = 60.0
+    # Nice value a host gives XLA's own threads when its devices are CPU devices, so
+    # the control plane's Python threads run first when both want a core (XLA's threads
+    # spin for work before they sleep); 0 leaves them at the process's priority.
+    cpu_device_nice: int = 19
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cpu_device_nice <= 19:
+            raise ValueError(
+                f"cpu_device_nice must be a nice value from 0 (off) to 19; "
+                f"got {self.cpu_device_nice} (PATHWAYS_CPU_DEVICE_NICE)"
+            )
 
     @staticmethod
     def from_env() -> Config:
@@ -68,6 +79,7 @@ class Config:
                 "PATHWAYS_HOST_TIMEOUT_SECONDS", d.host_timeout_seconds
             ),
             put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
+            cpu_device_nice=_env_int("PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
         )
 
 

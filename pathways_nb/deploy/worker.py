@@ -62,7 +62,11 @@ async def dask_setup(worker: Any) -> None:
         _configure_jax()
         island = str(worker.name) if worker.name is not None else worker.address
         host = Host(
-            worker.address, info["host_address"], island=island, bind_host=worker.ip or "127.0.0.1"
+            worker.address,
+            info["host_address"],
+            island=island,
+            bind_host=worker.ip or "127.0.0.1",
+            own_process=True,
         )
         return host.start()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -53,6 +53,8 @@ class Programs:
         self._executables: dict[tuple[Any, ...], Any] = {}
         self._meshes: dict[tuple[Any, ...], Mesh] = {}
         self.compiles = 0
+        # Called after each compile: XLA starts its compiler threads on the first one.
+        self.after_compile: Callable[[], object] | None = None
 
     @property
     def count(self) -> int:
@@ -130,6 +132,8 @@ class Programs:
             ]
             fn = fn.lower(*avals).compile()
             self.compiles += 1
+            if self.after_compile is not None:
+                self.after_compile()
             self._executables[key] = fn
         return fn
 

@@ -51,6 +51,7 @@ from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._hostcopy import to_numpy
+from pathways_nb.worker._priority import lower_native_threads
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
 from pathways_nb.worker._transfer import Assembler, Sender
 
@@ -92,6 +93,7 @@ class Host:
         context: zmq.Context[Any] | None = None,
         bind_host: str = "127.0.0.1",
         inproc: bool = False,
+        own_process: bool = False,
     ) -> None:
         self.name = name
         self.island = island or name
@@ -102,6 +104,9 @@ class Host:
         self._ctx = context or zmq.Context()
         self._bind_host = bind_host
         self._inproc = inproc
+        # The process is this host's alone (a cluster worker): it may lower the priority
+        # of XLA's threads (see _priority), which an embedded host must leave alone.
+        self._own_process = own_process
         self.store = ObjectStore(self.config.store_limit_bytes)
         self._outbox = Outbox()
         self.executor = Executor(
@@ -148,6 +153,10 @@ class Host:
         )
         self._direct_ctl = sends_from_any_thread(self._ctl)
         self._direct_data = sends_from_any_thread(self._data)
+        if self._own_process and self.devices and self.devices[0].platform == "cpu":
+            nice = self.config.cpu_device_nice
+            self.executor.programs.after_compile = lambda: lower_native_threads(nice)
+            lower_native_threads(nice)
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)

@@ -200,6 +200,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "lease_seconds": "2.5",
         "host_timeout_seconds": "9",
         "put_wait_seconds": "7",
+        "cpu_device_nice": "5",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -214,6 +215,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         lease_seconds=2.5,
         host_timeout_seconds=9.0,
         put_wait_seconds=7.0,
+        cpu_device_nice=5,
     )
 
 
@@ -233,6 +235,15 @@ def test_a_bad_variable_is_named_in_the_error(
         Config.from_env()
     assert str(info.value) == f"environment variable {name} {message}"
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.parametrize("nice", ["-1", "20"])
+def test_a_nice_value_out_of_range_says_which_range(
+    clean_env: pytest.MonkeyPatch, nice: str
+) -> None:
+    clean_env.setenv("PATHWAYS_CPU_DEVICE_NICE", nice)
+    with pytest.raises(ValueError, match=f"from 0 \\(off\\) to 19; got {nice} "):
+        Config.from_env()
 
 
 def test_config_is_frozen() -> None:

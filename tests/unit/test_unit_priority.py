@@ -1,0 +1,62 @@
+"""Hosts on CPU devices lower the priority of XLA's threads, and of no Python thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+
+# Run in a process of its own: a raised nice value cannot be lowered again without
+# privilege, and the test process's own XLA threads must keep theirs.
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, threading
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax
+    from pathways_nb.worker._priority import lower_native_threads
+
+    jax.local_devices()  # XLA starts its client's thread pools here
+    stop = threading.Event()
+    py = threading.Thread(target=stop.wait)
+    py.start()
+
+    def nices():
+        return {
+            int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")
+        }
+
+    before = nices()
+    changed = lower_native_threads(7)
+    again = lower_native_threads(7)
+    off = lower_native_threads(0)
+    after = nices()
+    stop.set()
+    py.join()
+    print(json.dumps({
+        "before": before, "after": after, "changed": changed, "again": again, "off": off,
+        "python": [threading.main_thread().native_id, py.native_id],
+    }))
+    """
+)
+
+
+def test_xla_threads_get_the_nice_value_and_python_threads_keep_theirs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    python = {str(t) for t in r["python"]}
+    native = set(r["after"]) - python
+    assert set(r["before"].values()) == {0}
+    # XLA's CPU client keeps pools of native threads: at least one per device here.
+    assert len(native) >= 4
+    assert {r["after"][t] for t in native} == {7}
+    assert {r["after"][t] for t in python} == {0}
+    assert r["changed"] == len(native)
+    assert r["again"] == 0 and r["off"] == 0
