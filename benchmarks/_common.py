@@ -61,6 +61,32 @@ def chain(f: Callable[[Any], Any], x0: Any, calls: int) -> Any:
     return x
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """CPU seconds of process ``pid`` so far: (threads at the process's own priority,
+    threads at a raised nice value). Hosts on CPU devices raise the nice value of XLA's
+    threads (``PATHWAYS_CPU_DEVICE_NICE``), so for them this is (runtime, devices).
+    Without Linux's /proc everything counts as the first."""
+    tasks = f"/proc/{pid}/task"
+    if not os.path.isdir(tasks):
+        import psutil
+
+        return sum(psutil.Process(pid).cpu_times()[:2]), 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    base = raised = 0
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        ticks = int(fields[11]) + int(fields[12])
+        if int(fields[16]) > 0:
+            raised += ticks
+        else:
+            base += ticks
+    return base / tick, raised / tick
+
+
 def write(result: dict[str, Any], path: str | None) -> None:
     text = json.dumps(result, indent=2, sort_keys=True)
     if path:

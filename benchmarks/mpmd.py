@@ -38,7 +38,7 @@ import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import machine, summary, write
+from benchmarks._common import cpu_split, machine, summary, write
 
 STAGES = 4
 MICROBATCHES = 8
@@ -92,6 +92,31 @@ def spmd_step(opt: Any) -> Any:
     return step
 
 
+def _cluster_pids(client: pw.Client, cluster: pw.LocalCluster) -> dict[str, int]:
+    pids = {"client": os.getpid(), "controller": cluster.scheduler_pid}
+    for island, process in zip(
+        client.status().islands.island, client.status().islands.process, strict=True
+    ):
+        pids[f"host {island}"] = int(process.rsplit(":", 1)[1])
+    return pids
+
+
+def _cpu_per_step(
+    procs: dict[str, int], before: dict[str, tuple[float, float]], steps: int
+) -> dict[str, float]:
+    """Where a step's CPU went, in ms: the client's and controller's threads, the hosts'
+    runtime threads, and the hosts' XLA threads (the devices' compute and XLA's waiting)."""
+    out = {"client": 0.0, "controller": 0.0, "hosts_runtime": 0.0, "hosts_xla": 0.0}
+    for name, pid in procs.items():
+        base, raised = (a - b for a, b in zip(cpu_split(pid), before[name], strict=True))
+        if name.startswith("host"):
+            out["hosts_runtime"] += base
+            out["hosts_xla"] += raised
+        else:
+            out[name] += base + raised
+    return {k: v / steps * 1e3 for k, v in out.items()}
+
+
 def pipeline_vs_spmd(steps: int, batch: int, width: int) -> dict[str, Any]:
     x, y = data(batch, width)
     opt = optax.sgd(1e-3)
@@ -115,6 +140,8 @@ def pipeline_vs_spmd(steps: int, batch: int, width: int) -> dict[str, Any]:
             params, state, loss = step(params, state, x, y)
         float(loss)
         bubbles = []
+        procs = _cluster_pids(client, cluster)
+        cpu0 = {k: cpu_split(p) for k, p in procs.items()}
         t0 = time.perf_counter()
         for _ in range(steps):
             client.wait_all()
@@ -124,6 +151,7 @@ def pipeline_vs_spmd(steps: int, batch: int, width: int) -> dict[str, Any]:
             client.wait_all()  # the last updates' end events
             bubbles.append(step.bubble(client.events(since=since)))
         pipe_s = (time.perf_counter() - t0) / steps
+        out["pipeline_cpu_ms_per_step"] = _cpu_per_step(procs, cpu0, steps)
         out["pipeline_steps_per_s"] = 1 / pipe_s
         out["bubble_measured"] = statistics.median(b["mean"] for b in bubbles)
         out["bubble_per_stage"] = {
@@ -142,11 +170,14 @@ def pipeline_vs_spmd(steps: int, batch: int, width: int) -> dict[str, Any]:
         for _ in range(2):
             params, state, loss = train(params, state, xr, yr)
         float(loss)
+        procs = _cluster_pids(client, cluster)
+        cpu0 = {k: cpu_split(p) for k, p in procs.items()}
         t0 = time.perf_counter()
         for _ in range(steps):
             params, state, loss = train(params, state, xr, yr)
             float(loss)
         spmd_s = (time.perf_counter() - t0) / steps
+        out["spmd_cpu_ms_per_step"] = _cpu_per_step(procs, cpu0, steps)
         out["spmd_steps_per_s"] = 1 / spmd_s
     out["ratio"] = out["pipeline_steps_per_s"] / out["spmd_steps_per_s"]
     out["bubble_ratio"] = out["bubble_measured"] / out["bubble_theoretical"]
