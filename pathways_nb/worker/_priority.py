@@ -24,10 +24,11 @@ def lower_native_threads(nice: int) -> int:
     return how many threads changed. A no-op (0) where threads cannot be listed."""
     if nice <= 0 or not os.path.isdir(_TASKS):
         return 0
+    tids = [int(name) for name in os.listdir(_TASKS)]
+    # Listed after the tasks: a Python thread starting meanwhile has registered by now.
     python = {t.native_id for t in threading.enumerate()}
     changed = 0
-    for name in os.listdir(_TASKS):
-        tid = int(name)
+    for tid in tids:
         if tid in python:
             continue
         try:
