@@ -61,6 +61,16 @@ def chain(f: Callable[[Any], Any], x0: Any, calls: int) -> Any:
     return x
 
 
+def host_pids(client: Any) -> dict[str, int]:
+    """The process id of each island's host, from ``client.status()`` (its ``process``
+    column reads ``HOSTNAME:PID``)."""
+    islands = client.status().islands
+    return {
+        str(island): int(process.rsplit(":", 1)[1])
+        for island, process in zip(islands.island, islands.process, strict=True)
+    }
+
+
 def cpu_split(pid: int) -> tuple[float, float]:
     """CPU seconds of process ``pid`` so far: (threads at the process's own priority,
     threads at a raised nice value). Hosts on CPU devices raise the nice value of XLA's

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import WAIT_EVERY, chain, machine, summary, timed, write
+from benchmarks._common import WAIT_EVERY, chain, host_pids, machine, summary, timed, write
 
 SIZE = 4 * 256
 
@@ -98,7 +98,7 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
         pw.Client(cluster) as client,
     ):
         client.allocate({"d": 4})
-        host_pid = int(client.status().islands.process[0].rsplit(":", 1)[1])
+        (host_pid,) = host_pids(client).values()
         procs = {
             "client": psutil.Process(),
             "controller": psutil.Process(cluster.scheduler_pid),

@@ -25,7 +25,7 @@ import psutil
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import machine, write
+from benchmarks._common import host_pids, machine, write
 
 
 def rss_mb(p: psutil.Process) -> float:
@@ -39,7 +39,7 @@ def run(programs: int, checkpoint: int) -> dict[str, Any]:
         pw.Client(cluster) as client,
     ):
         vs = client.allocate({"d": 4})
-        host_pid = int(client.status().islands.process[0].rsplit(":", 1)[1])
+        (host_pid,) = host_pids(client).values()
         procs = {
             "controller": psutil.Process(cluster.scheduler_pid),
             "host": psutil.Process(host_pid),

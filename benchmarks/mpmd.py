@@ -38,7 +38,7 @@ import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import cpu_split, machine, summary, write
+from benchmarks._common import cpu_split, host_pids, machine, summary, write
 
 STAGES = 4
 MICROBATCHES = 8
@@ -94,10 +94,7 @@ def spmd_step(opt: Any) -> Any:
 
 def _cluster_pids(client: pw.Client, cluster: pw.LocalCluster) -> dict[str, int]:
     pids = {"client": os.getpid(), "controller": cluster.scheduler_pid}
-    for island, process in zip(
-        client.status().islands.island, client.status().islands.process, strict=True
-    ):
-        pids[f"host {island}"] = int(process.rsplit(":", 1)[1])
+    pids.update({f"host {island}": pid for island, pid in host_pids(client).items()})
     return pids
 
 
