@@ -81,6 +81,22 @@ def test_a_moved_array_is_sent_once_per_slice_and_sharding(client: pw.Client) ->
     assert len(_transfer_events(client)) == before + 2
 
 
+def test_donating_an_array_just_moved_to_another_slice_keeps_both_results(
+    client: pw.Client,
+) -> None:
+    """A launch donates the array a send to another island reads: the send reads it
+    first (the donation waits for it), and neither result is touched by the other."""
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    host = np.arange(4 * 1024 * 1024, dtype=np.float32).reshape(2048, 2048)
+    for _ in range(3):
+        xa = a.put(host, P("x"))
+        moved = pw.jit(lambda v: v * 2, slice=b)(xa)  # a sends xa to b
+        bumped = pw.jit(lambda v: v + 1, slice=a, donate_argnums=0)(xa)
+        np.testing.assert_array_equal(np.asarray(bumped), host + 1)
+        np.testing.assert_array_equal(np.asarray(moved), host * 2)
+
+
 def test_typed_prng_keys_move_between_slices(client: pw.Client) -> None:
     a = client.allocate({"x": 2})
     b = client.allocate({"x": 2})

@@ -3,9 +3,11 @@ microbatches under a GPipe or 1F1B schedule.
 
 Every stage's programs are ``pw.jit`` functions pinned to its slice: forward, backward,
 gradient accumulation and the optimizer update. A ``jax.vjp`` closure cannot be
-exported, but it is a pytree: the forward returns it, its residuals stay on the slice
-as remote arrays, and the backward program takes it back (or, with ``remat=True``, the
-backward recomputes the forward from the stage's input). Activations and their
+exported, but it is a pytree: the forward returns its leaves (the residuals), which
+stay on the slice as remote arrays, and the backward program rebuilds it from them (or,
+with ``remat=True``, the backward recomputes the forward from the stage's input). A
+residual that is one of the stage's inputs or its output (the weights, the activation)
+is not returned again: the backward takes the remote array it already is. Activations and their
 gradients move between slices host to host. The schedule is the order in which the
 client submits these programs; it never waits, so each island's gang scheduler sees
 its stage's programs in schedule order and the stages overlap on their own.
@@ -146,11 +148,11 @@ class Pipeline:
                 first, acc = _backward(fn, s == 0)
                 donate = 3
             else:
-                # The forward returns its vjp as well: a pytree whose leaves (the
-                # residuals) stay on this slice as remote arrays until the backward.
-                self._fwd.append(jit(_with_vjp(fn), slice=vs, name=f"{name}.fwd"))
-                first, acc = _backward_from_residuals(s == 0)
-                donate = 2
+                # The forward returns its residuals as well; they stay on this slice as
+                # remote arrays until the backward.
+                self._fwd.append(jit(_with_residuals(fn), slice=vs, name=f"{name}.fwd"))
+                first, acc = _backward_from_residuals(fn, s == 0)
+                donate = 5
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
             self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
             self._update.append(
@@ -210,7 +212,8 @@ class Pipeline:
         xs = self._split(x, self.slices[0], "x")
         ys = self._split(y, self.slices[-1], "y")
         acts: dict[tuple[int, int], Any] = {(0, i): v for i, v in enumerate(xs)}
-        # What each backward needs of its forward: its input (remat) or its vjp.
+        # What each backward needs of its forward: its input (remat), or its input,
+        # output and the residuals it made.
         saved: dict[tuple[int, int], Any] = {}
         grads_in: dict[tuple[int, int], Any] = {}
         acc: list[Any] = [None] * n
@@ -223,7 +226,9 @@ class Pipeline:
                     acts[(s + 1, i)] = self._fwd[s](params[s], x)
                     saved[(s, i)] = x
                 else:
-                    acts[(s + 1, i)], saved[(s, i)] = self._fwd[s](params[s], x)
+                    out, kept = self._fwd[s](params[s], x)
+                    acts[(s + 1, i)] = out
+                    saved[(s, i)] = (x, out, kept)
             elif op.kind == "L":
                 if acc[s] is None:
                     loss, acc[s], gx = self._last_first(params[s], acts[(s, i)], ys[i])
@@ -234,7 +239,7 @@ class Pipeline:
                 del acts[(s, i)]
             else:
                 g = grads_in.pop((s, i))
-                head = (params[s], saved.pop((s, i))) if self.remat else (saved.pop((s, i)),)
+                head = (params[s], *_as_tuple(saved.pop((s, i)), self.remat))
                 if acc[s] is None:
                     out = self._bwd_first[s](*head, g)
                 else:
@@ -320,26 +325,77 @@ def _backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, An
     return first, acc
 
 
-def _with_vjp(fn: Callable[[Any, Any], Any]) -> Any:
-    def forward(p: Any, x: Any) -> tuple[Any, Any]:
-        return jax.vjp(fn, p, x)
+def _as_tuple(saved: Any, remat: bool) -> tuple[Any, ...]:
+    return (saved,) if remat else tuple(saved)
+
+
+def _residuals(fn: Callable[[Any, Any], Any], p: Any, x: Any) -> tuple[Any, Any, list[Any]]:
+    """The stage's output, its vjp, and where each leaf of the vjp comes from: an input
+    leaf ``("in", i)``, an output leaf ``("out", i)``, an earlier residual
+    ``("same", k)`` or a residual of its own ``("res", None)``.
+
+    The vjp keeps whatever the backward needs, inputs and output included; returned
+    from a program, each would be a copy (the weights once per microbatch).
+    """
+    out, vjp = jax.vjp(fn, p, x)
+    ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
+    leaves = jax.tree.leaves(vjp)
+    where: list[Any] = []
+    for k, leaf in enumerate(leaves):
+        src: Any = ("res", None)
+        for tag, pool in (("in", ins), ("out", outs), ("same", leaves[:k])):
+            j = next((j for j, a in enumerate(pool) if a is leaf), None)
+            if j is not None:
+                src = (tag, j)
+                break
+        where.append(src)
+    return out, vjp, where
+
+
+def _with_residuals(fn: Callable[[Any, Any], Any]) -> Any:
+    def forward(p: Any, x: Any) -> tuple[Any, tuple[Any, ...]]:
+        out, vjp, where = _residuals(fn, p, x)
+        leaves = jax.tree.leaves(vjp)
+        return out, tuple(leaf for leaf, src in zip(leaves, where, strict=True) if src[0] == "res")
 
     forward.__name__ = getattr(fn, "__name__", "stage")
     return forward
 
 
-def _backward_from_residuals(first_stage: bool) -> tuple[Any, Any]:
-    """Backward of a middle stage from the vjp its forward returned."""
+def _backward_from_residuals(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
+    """Backward of a middle stage from the residuals its forward returned.
 
-    def first(vjp: Any, g: Any) -> Any:
-        gp, gx = vjp(g)
+    The stage is traced again here only for the vjp's structure: nothing of that trace
+    but the inputs and the output reaches the result, so the compiler drops it.
+    """
+
+    def grads(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
+        _, vjp, where = _residuals(fn, p, x)
+        ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
+        own = iter(kept)
+        leaves: list[Any] = []
+        for tag, j in where:
+            if tag == "in":
+                leaves.append(ins[j])
+            elif tag == "out":
+                leaves.append(outs[j])
+            elif tag == "same":
+                leaves.append(leaves[j])
+            else:
+                leaves.append(next(own))
+        gp, gx = jax.tree.unflatten(jax.tree.structure(vjp), leaves)(g)
+        return gp, gx
+
+    def first(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> Any:
+        gp, gx = grads(p, x, out, kept, g)
         return gp if first_stage else (gp, gx)
 
-    def acc(vjp: Any, g: Any, a: Any) -> Any:
-        gp, gx = vjp(g)
+    def acc(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any, a: Any) -> Any:
+        gp, gx = grads(p, x, out, kept, g)
         total = jax.tree.map(lambda u, v: u + v, a, gp)
         return total if first_stage else (total, gx)
 
+    first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
     return first, acc
 
 

@@ -24,12 +24,19 @@ from pathways_nb.deploy._watch import PARENT_ENV
 # Dask housekeeping retuned for processes that share their cores with accelerator hosts:
 # (setting, Dask's default, ours). The event-loop health check every 20 ms and the
 # worker's statistical profiler every 10 ms each cost about 3% of a core in every process,
-# idle or not. At 500 ms and 100 ms the health check still warns about a blocked loop
-# (its limit is seconds) and the dashboard's profiles still fill. A value set in Dask's
-# configuration (file or ``DASK_*`` variable) is kept.
+# idle or not; the system monitor (psutil's CPU, memory, network and disk counters) every
+# 500 ms and the memory monitor every 100 ms cost an idle host and its nanny another
+# ~8 ms of CPU per second between them. At the values here an idle host takes ~5 ms per
+# second, its nanny ~2.5: the health check still warns about a blocked loop (its limit is
+# seconds), the dashboard's profiles and system plots still fill, and a runaway worker is
+# still caught within half a second. A value set in Dask's configuration (file or
+# ``DASK_*`` variable) is kept.
 _DASK_TUNING = (
     ("distributed.admin.tick.interval", "20ms", "500ms"),
-    ("distributed.worker.profile.interval", "10ms", "100ms"),
+    ("distributed.worker.profile.interval", "10ms", "500ms"),
+    ("distributed.worker.profile.cycle", "1000ms", "5s"),
+    ("distributed.admin.system-monitor.interval", "500ms", "2s"),
+    ("distributed.worker.memory.monitor-interval", "100ms", "500ms"),
 )
 
 

@@ -83,6 +83,8 @@ class Executor:
         store.on_arrival = self._wake_parked
         # Source arrays a send still reads: a launch may not donate them meanwhile.
         self._sending: collections.Counter[int] = collections.Counter()
+        # Those of them a parked launch waits for: only their sends' ends wake the lot.
+        self._send_waits: set[int] = set()
         # dst handle -> source host, for transfers this host expects.
         self._expected: dict[int, str] = {}
         # Called with (entry, send body) to ship an array to another host.
@@ -236,7 +238,7 @@ class Executor:
         now = time.monotonic()
         for p in self._lot.take_all():
             if now < p.deadline and self._held_back(p.kind, p.body, p.touched):
-                self._lot.park(p.kind, p.body, p.touched, p.deadline)
+                self._lot.repark(p)
             else:
                 self._handle(p.kind, p.body, p.deadline)
 
@@ -247,12 +249,23 @@ class Executor:
         if self._lot.conflicts(touched):
             return True
         if kind == "run":
-            if self._sending and any(body["ins"][i] in self._sending for i in body["donate"]):
+            if self._waits_for_sends(body):
                 return True
             return bool(self.store.watch_absent(body["ins"]))
         if kind == "send":
             return bool(self.store.watch_absent((body["src"],)))
         return False
+
+    def _waits_for_sends(self, h: dict[str, Any]) -> bool:
+        """Whether a launch donates an array a send still reads; if so, the end of that
+        send wakes the lot. Checked and noted under the lock :meth:`sent` takes, so no
+        send ends unseen in between."""
+        if not self._sending or not h["donate"]:
+            return False
+        with self._cv:
+            busy = [src for src in (h["ins"][i] for i in h["donate"]) if src in self._sending]
+            self._send_waits.update(busy)
+        return bool(busy)
 
     def _lot_expired(self) -> bool:
         d = self._lot.earliest_deadline()
@@ -269,9 +282,7 @@ class Executor:
         if kind == "run":
             touched = (*body["ins"], *body["outs"])
             ins = body["ins"]
-            busy = bool(self._sending) and any(
-                body["ins"][i] in self._sending for i in body["donate"]
-            )
+            busy = self._waits_for_sends(body)
         elif kind == "send":
             touched, ins, busy = (body["src"],), (body["src"],), False
         elif kind == "drop":
@@ -334,7 +345,8 @@ class Executor:
         if entry is None or self.send_array is None:
             return
         src = body["src"]
-        self._sending[src] += 1
+        with self._cv:  # the sending thread counts down under it
+            self._sending[src] += 1
         self.send_array(entry, body)
 
     def sent(self, src: int) -> None:
@@ -345,7 +357,8 @@ class Executor:
             self._sending[src] -= 1
             if self._sending[src] <= 0:
                 del self._sending[src]
-                if self._lot:
+                if src in self._send_waits:
+                    self._send_waits.discard(src)
                     self._retry = True
                     self._cv.notify()
 

@@ -33,6 +33,9 @@ class ParkingLot:
     def __init__(self) -> None:
         self.items: list[Parked] = []
         self._blocked: set[int] = set()
+        # The earliest deadline, kept as items come and go: the dispatch loop asks for
+        # it on every wake-up.
+        self._earliest: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -45,13 +48,20 @@ class ParkingLot:
         return bool(self._blocked) and not self._blocked.isdisjoint(touched)
 
     def park(self, kind: str, body: Any, touched: tuple[int, ...], deadline: float) -> None:
-        self.items.append(Parked(kind, body, touched, deadline))
-        self._blocked.update(touched)
+        self.repark(Parked(kind, body, touched, deadline))
+
+    def repark(self, item: Parked) -> None:
+        """Put back an item :meth:`take_all` gave out (or park a new one)."""
+        self.items.append(item)
+        self._blocked.update(item.touched)
+        if self._earliest is None or item.deadline < self._earliest:
+            self._earliest = item.deadline
 
     def take_all(self) -> list[Parked]:
         """Everything parked, oldest first, to be tried again in that order."""
         items, self.items = self.items, []
         self._blocked = set()
+        self._earliest = None
         return items
 
     def remove(self, pred: Callable[[Parked], bool]) -> list[Parked]:
@@ -60,10 +70,11 @@ class ParkingLot:
         if out:
             self.items = [p for p in self.items if not pred(p)]
             self._blocked = {h for p in self.items for h in p.touched}
+            self._earliest = min((p.deadline for p in self.items), default=None)
         return out
 
     def earliest_deadline(self) -> float | None:
-        return min((p.deadline for p in self.items), default=None)
+        return self._earliest
 
     def seconds_to_deadline(self) -> float | None:
         d = self.earliest_deadline()

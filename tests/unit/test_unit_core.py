@@ -254,20 +254,30 @@ def test_config_is_frozen() -> None:
 def test_local_cluster_retunes_dask_housekeeping_left_at_its_default() -> None:
     import dask
 
-    from pathways_nb.deploy._local import _dask_tuning
+    from pathways_nb.deploy._local import _DASK_TUNING, _dask_tuning
 
-    with dask.config.set(
-        {"distributed.admin.tick.interval": "20ms", "distributed.worker.profile.interval": "10ms"}
-    ):
-        assert _dask_tuning({}) == {
-            "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms",
-            "DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms",
-        }
+    stock = {key: default for key, default, _ in _DASK_TUNING}
+    ours = {
+        "DASK_" + key.upper().replace(".", "__").replace("-", "_"): value
+        for key, _, value in _DASK_TUNING
+    }
+    assert ours["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] == "500ms"
+    assert ours["DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL"] == "2s"
+    assert ours["DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL"] == "500ms"
+    with dask.config.set(stock):
+        assert _dask_tuning({}) == ours
         # A variable in the environment the cluster starts with wins.
         got = _dask_tuning({"DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "20ms"})
-        assert got == {"DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms"}
+        assert got == {k: v for k, v in ours.items() if "TICK" not in k}
     # So does a value the user configured (a file, dask.config.set).
-    with dask.config.set(
-        {"distributed.admin.tick.interval": "50ms", "distributed.worker.profile.interval": "10ms"}
-    ):
-        assert _dask_tuning({}) == {"DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL": "100ms"}
+    with dask.config.set(stock | {"distributed.admin.tick.interval": "50ms"}):
+        assert _dask_tuning({}) == {k: v for k, v in ours.items() if "TICK" not in k}
+    # Every setting exists in this Dask (a misspelt key would be ignored), with the
+    # default named here.
+    import distributed  # noqa: F401  (loads distributed's defaults into dask.config)
+    from dask.utils import parse_timedelta
+
+    for key, default, _ in _DASK_TUNING:
+        value = dask.config.get(key, None)
+        assert value is not None, key
+        assert parse_timedelta(value) == parse_timedelta(default), key

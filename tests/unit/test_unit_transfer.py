@@ -114,8 +114,11 @@ def test_parking_lot_orders_and_blocks_by_array() -> None:
     taken = lot.remove(lambda p: p.kind == "send")
     assert [p.kind for p in taken] == ["send"] and len(lot) == 1
     assert lot.conflicts([10]) and lot.conflicts([11])
-    assert [p.body for p in lot.take_all()] == [{"lid": 1}]
+    (item,) = lot.take_all()
+    assert item.body == {"lid": 1} and lot.earliest_deadline() is None
     assert not lot and not lot.conflicts([10])
+    lot.repark(item)  # put back as it was: blocking its arrays, its deadline counted
+    assert lot.conflicts([11]) and lot.earliest_deadline() == 5.0
 
 
 def test_assembler_places_pieces_and_reuses_one_sharding_per_layout() -> None:
