@@ -7,8 +7,8 @@ exported, but it is a pytree: the forward returns its leaves (the residuals), wh
 stay on the slice as remote arrays, and the backward program rebuilds it from them (or,
 with ``remat=True``, the backward recomputes the forward from the stage's input). A
 residual that is one of the stage's inputs or its output (the weights, the activation)
-is not returned again: the backward takes the remote array it already is. Activations and their
-gradients move between slices host to host. The schedule is the order in which the
+is not returned again: the backward takes the remote array it already is. Activations
+and their gradients move between slices host to host. The schedule is the order in which the
 client submits these programs; it never waits, so each island's gang scheduler sees
 its stage's programs in schedule order and the stages overlap on their own.
 """
@@ -224,7 +224,7 @@ class Pipeline:
                 x = acts.pop((s, i))
                 if self.remat:
                     acts[(s + 1, i)] = self._fwd[s](params[s], x)
-                    saved[(s, i)] = x
+                    saved[(s, i)] = (x,)
                 else:
                     out, kept = self._fwd[s](params[s], x)
                     acts[(s + 1, i)] = out
@@ -239,7 +239,7 @@ class Pipeline:
                 del acts[(s, i)]
             else:
                 g = grads_in.pop((s, i))
-                head = (params[s], *_as_tuple(saved.pop((s, i)), self.remat))
+                head = (params[s], *saved.pop((s, i)))
                 if acc[s] is None:
                     out = self._bwd_first[s](*head, g)
                 else:
@@ -325,12 +325,10 @@ def _backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, An
     return first, acc
 
 
-def _as_tuple(saved: Any, remat: bool) -> tuple[Any, ...]:
-    return (saved,) if remat else tuple(saved)
-
-
-def _residuals(fn: Callable[[Any, Any], Any], p: Any, x: Any) -> tuple[Any, Any, list[Any]]:
-    """The stage's output, its vjp, and where each leaf of the vjp comes from: an input
+def _residuals(
+    fn: Callable[[Any, Any], Any], p: Any, x: Any
+) -> tuple[Any, Any, list[Any], list[Any]]:
+    """The stage's output, its vjp, the vjp's leaves and where each comes from: an input
     leaf ``("in", i)``, an output leaf ``("out", i)``, an earlier residual
     ``("same", k)`` or a residual of its own ``("res", None)``.
 
@@ -349,13 +347,12 @@ def _residuals(fn: Callable[[Any, Any], Any], p: Any, x: Any) -> tuple[Any, Any,
                 src = (tag, j)
                 break
         where.append(src)
-    return out, vjp, where
+    return out, vjp, leaves, where
 
 
 def _with_residuals(fn: Callable[[Any, Any], Any]) -> Any:
     def forward(p: Any, x: Any) -> tuple[Any, tuple[Any, ...]]:
-        out, vjp, where = _residuals(fn, p, x)
-        leaves = jax.tree.leaves(vjp)
+        out, _, leaves, where = _residuals(fn, p, x)
         return out, tuple(leaf for leaf, src in zip(leaves, where, strict=True) if src[0] == "res")
 
     forward.__name__ = getattr(fn, "__name__", "stage")
@@ -370,7 +367,7 @@ def _backward_from_residuals(fn: Callable[[Any, Any], Any], first_stage: bool) -
     """
 
     def grads(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
-        _, vjp, where = _residuals(fn, p, x)
+        _, vjp, _, where = _residuals(fn, p, x)
         ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
         own = iter(kept)
         leaves: list[Any] = []
