@@ -8,8 +8,12 @@ Four measurements, each side by side in one run:
 - pipeline: a 4-stage MLP, one stage per single-island slice (4 islands x 2 devices,
   1F1B, 8 microbatches), against the same model trained as one data-parallel SPMD
   program on one island of 8 devices (the paper's Table 2 / Fig. 10): steps per second
-  and the ratio. Beside it, the bubble measured from each stage's busy intervals in the
-  event log against the schedule's theoretical (S-1)/(M+S-1). All processes share this
+  and the ratio, the contenders taking turns in rounds so that drift in the machine's
+  speed falls on all. The pipeline's devices keep their own gradient sums and reduce
+  them once per step, as the SPMD program does (``reduce_grads="step"``); the same
+  pipeline reducing every microbatch is measured beside it. Beside them, the bubble
+  measured from each stage's busy intervals in the event log against the schedule's
+  theoretical (S-1)/(M+S-1). All processes share this
   machine's cores, so the stages' programs slow each other down where they overlap.
 - transfer: one 256 MiB array moved host to host between islands, against a raw
   ZeroMQ PUSH/PULL copy of the same bytes over TCP loopback between two processes.
@@ -114,79 +118,143 @@ def _cpu_per_step(
     return {k: v / steps * 1e3 for k, v in out.items()}
 
 
-def pipeline_vs_spmd(steps: int, batch: int, width: int) -> dict[str, Any]:
+class _Side:
+    """One contender: a step function, its state, and where its time and CPU went."""
+
+    def __init__(self, name: str, procs: dict[str, int], run: Any, pipeline: Any = None) -> None:
+        self.name, self.procs, self.run, self.pipeline = name, procs, run, pipeline
+        self.bubbles: list[dict[str, Any]] = []
+        self.seconds = 0.0
+        self.cpu = dict.fromkeys(("client", "controller", "hosts_runtime", "hosts_xla"), 0.0)
+        self.rounds: list[float] = []
+
+    def timed(self, steps: int) -> None:
+        before = {k: cpu_split(p) for k, p in self.procs.items()}
+        t0 = time.perf_counter()
+        self.run(steps)
+        took = time.perf_counter() - t0
+        self.seconds += took
+        self.rounds.append(took)
+        for k, v in _cpu_per_step(self.procs, before, steps).items():
+            self.cpu[k] += v * steps
+
+
+def _pipeline_loop(client: Any, pstep: Any, state: list[Any], x: Any, y: Any) -> Any:
+    def run(n: int) -> None:
+        for _ in range(n):
+            state[0], state[1], loss = pstep(state[0], state[1], x, y)
+            float(loss)
+        client.wait_all()  # the last backward and updates too
+
+    return run
+
+
+def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[str, Any]:
+    """The pipeline (per-device gradient sums, reduced once per step; and, beside it,
+    reduced every microbatch) against SPMD. Both clusters stay up and the contenders take
+    turns, ``steps`` steps each per round after one untimed round, so a drift in this
+    machine's speed falls on all alike. Each batch is put on its devices once, as a
+    loop over resident data would.
+
+    Every contender runs the same loop: a step, then the loss fetched. A pipeline's loss
+    is ready before its last backward and updates; those finish while the next step is
+    submitted, and the round ends only once everything has finished. The bubble comes
+    from one more step per round run on its own (waiting for all its work), so its
+    events belong to it alone.
+    """
     x, y = data(batch, width)
     opt = optax.sgd(1e-3)
-    out: dict[str, Any] = {}
     with (
-        pw.LocalCluster(islands=STAGES, devices_per_island=2, dashboard=False) as cluster,
-        pw.Client(cluster) as client,
+        pw.LocalCluster(islands=STAGES, devices_per_island=2, dashboard=False) as pcluster,
+        pw.Client(pcluster) as pclient,
+        pw.LocalCluster(islands=1, devices_per_island=2 * STAGES, dashboard=False) as scluster,
+        pw.Client(scluster) as sclient,
     ):
-        slices = [client.allocate({"data": 2}) for _ in range(STAGES)]
-        step = pw.pipeline(
-            [layer] * (STAGES - 1) + [head],
-            slices,
-            mse,
-            opt,
-            microbatches=MICROBATCHES,
-            schedule="1f1b",
-            batch_spec=P("data"),
-        )
-        params, state = step.init(init(width))
-        for _ in range(2):  # compile every program
-            params, state, loss = step(params, state, x, y)
-        float(loss)
-        bubbles = []
-        procs = _cluster_pids(client, cluster)
-        cpu0 = {k: cpu_split(p) for k, p in procs.items()}
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            client.wait_all()
-            since = time.time()
-            params, state, loss = step(params, state, x, y)
-            float(loss)
-            client.wait_all()  # the last updates' end events
-            bubbles.append(step.bubble(client.events(since=since)))
-        pipe_s = (time.perf_counter() - t0) / steps
-        out["pipeline_cpu_ms_per_step"] = _cpu_per_step(procs, cpu0, steps)
-        out["pipeline_steps_per_s"] = 1 / pipe_s
-        out["bubble_measured"] = statistics.median(b["mean"] for b in bubbles)
-        out["bubble_per_stage"] = {
-            str(s): statistics.median(b["per_stage"][s] for b in bubbles) for s in range(STAGES)
-        }
-        out["bubble_theoretical"] = bubbles[0]["theoretical"]
-    with (
-        pw.LocalCluster(islands=1, devices_per_island=2 * STAGES, dashboard=False) as cluster,
-        pw.Client(cluster) as client,
-    ):
-        vs = client.allocate({"data": 2 * STAGES})
-        params = [{k: vs.put(v, P()) for k, v in p.items()} for p in init(width)]
-        state = pw.jit(opt.init, slice=vs)(params)
+        slices = [pclient.allocate({"data": 2}) for _ in range(STAGES)]
+        px, py = slices[0].put(x, P("data")), slices[-1].put(y, P("data"))
+        pprocs = _cluster_pids(pclient, pcluster)
+        sides: list[_Side] = []
+        for reduce_grads in ("step", "microbatch"):
+            pstep = pw.pipeline(
+                [layer] * (STAGES - 1) + [head],
+                slices,
+                mse,
+                opt,
+                microbatches=MICROBATCHES,
+                schedule="1f1b",
+                batch_spec=P("data"),
+                reduce_grads=reduce_grads,
+            )
+            state = list(pstep.init(init(width)))
+            run = _pipeline_loop(pclient, pstep, state, px, py)
+            run(2)  # compile every program
+            sides.append(_Side(reduce_grads, pprocs, run, pstep))
+
+        vs = sclient.allocate({"data": 2 * STAGES})
+        sparams = [{k: vs.put(v, P()) for k, v in p.items()} for p in init(width)]
+        sstate = [sparams, pw.jit(opt.init, slice=vs)(sparams)]
         train = pw.jit(spmd_step(opt), slice=vs, donate_argnums=(0, 1))
-        xr, yr = vs.put(x, P("data")), vs.put(y, P("data"))
-        for _ in range(2):
-            params, state, loss = train(params, state, xr, yr)
-        float(loss)
-        procs = _cluster_pids(client, cluster)
-        cpu0 = {k: cpu_split(p) for k, p in procs.items()}
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            params, state, loss = train(params, state, xr, yr)
-            float(loss)
-        spmd_s = (time.perf_counter() - t0) / steps
-        out["spmd_cpu_ms_per_step"] = _cpu_per_step(procs, cpu0, steps)
-        out["spmd_steps_per_s"] = 1 / spmd_s
-    out["ratio"] = out["pipeline_steps_per_s"] / out["spmd_steps_per_s"]
-    out["bubble_ratio"] = out["bubble_measured"] / out["bubble_theoretical"]
-    out["params"] = {
-        "stages": STAGES,
-        "microbatches": MICROBATCHES,
-        "batch": batch,
-        "width": width,
-        "steps": steps,
-        "schedule": "1f1b",
+        sx, sy = vs.put(x, P("data")), vs.put(y, P("data"))
+
+        def spmd_run(n: int) -> None:
+            for _ in range(n):
+                sstate[0], sstate[1], loss = train(sstate[0], sstate[1], sx, sy)
+                float(loss)
+
+        spmd_run(2)
+        spmd = _Side("spmd", _cluster_pids(sclient, scluster), spmd_run)
+        for side in [*sides, spmd]:  # one round untimed: caches, allocator, page faults
+            side.run(steps)
+        for _ in range(rounds):
+            for side in sides:
+                side.timed(steps)
+                since = time.time()
+                side.run(1)
+                side.bubbles.append(side.pipeline.bubble(pclient.events(since=since)))
+            spmd.timed(steps)
+
+    total = rounds * steps
+
+    def summary_of(side: _Side) -> dict[str, Any]:
+        bubbles = side.bubbles
+        out = {
+            "steps_per_s": total / side.seconds,
+            "ratio": spmd.seconds / side.seconds,
+            "ratio_per_round": [b / a for a, b in zip(side.rounds, spmd.rounds, strict=True)],
+            "cpu_ms_per_step": {k: v / total for k, v in side.cpu.items()},
+            "bubble_measured": statistics.median(b["mean"] for b in bubbles),
+            "bubble_per_stage": {
+                str(s): statistics.median(b["per_stage"][s] for b in bubbles) for s in range(STAGES)
+            },
+            "bubble_theoretical": bubbles[0]["theoretical"],
+        }
+        out["bubble_ratio"] = out["bubble_measured"] / out["bubble_theoretical"]
+        return out
+
+    main, exact = (summary_of(s) for s in sides)
+    return {
+        "pipeline_steps_per_s": main["steps_per_s"],
+        "spmd_steps_per_s": total / spmd.seconds,
+        "ratio": main["ratio"],
+        "ratio_per_round": main["ratio_per_round"],
+        "pipeline_cpu_ms_per_step": main["cpu_ms_per_step"],
+        "spmd_cpu_ms_per_step": {k: v / total for k, v in spmd.cpu.items()},
+        "bubble_measured": main["bubble_measured"],
+        "bubble_per_stage": main["bubble_per_stage"],
+        "bubble_theoretical": main["bubble_theoretical"],
+        "bubble_ratio": main["bubble_ratio"],
+        "reduce_grads_every_microbatch": exact,
+        "params": {
+            "stages": STAGES,
+            "microbatches": MICROBATCHES,
+            "batch": batch,
+            "width": width,
+            "steps_per_round": steps,
+            "rounds": rounds,
+            "schedule": "1f1b",
+            "reduce_grads": "step",
+        },
     }
-    return out
 
 
 def raw_zmq_copy(nbytes: int, repeats: int) -> float:
@@ -341,7 +409,10 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "mpmd",
         "machine": machine(),
         "pipeline": pipeline_vs_spmd(
-            steps=2 if q else 5, batch=64 if q else 1024, width=32 if q else 1024
+            steps=2 if q else 5,
+            rounds=1 if q else 4,
+            batch=64 if q else 1024,
+            width=32 if q else 1024,
         ),
         "transfer": transfer(nbytes=(8 if q else 256) * 2**20, repeats=2 if q else 5),
         "dispatch": dispatch(chain=16, repeats=2 if q else 9, sizes=[16, 64, 256]),

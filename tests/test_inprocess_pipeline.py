@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec
 
 import pathways_nb as pw
 from pathways_nb.client._pipeline import Op, stage_orders, submission_order, theoretical_bubble
@@ -39,9 +40,11 @@ def _params(sizes: list[int]) -> list[dict]:
     ]
 
 
-def _reference(params: list[dict], x: np.ndarray, y: np.ndarray, steps: int) -> list[float]:
+def _reference(
+    params: list[dict], x: np.ndarray, y: np.ndarray, steps: int, opt: object = None
+) -> list[float]:
     stages = [layer, layer, layer, head]
-    opt = optax.adam(1e-2)
+    opt = opt or optax.adam(1e-2)
 
     def loss(ps: list[dict]) -> jax.Array:
         h = jnp.asarray(x)
@@ -109,6 +112,73 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(
     got = [float(v) for v in pw.fetch(losses)]
     np.testing.assert_allclose(got, _reference(_params(sizes), x, y, 5), rtol=2e-5, atol=1e-6)
     assert [p["w"].slice for p in params] == slices  # parameters stay on their stage's slice
+
+
+@pytest.mark.parametrize(("schedule", "remat"), [("1f1b", False), ("gpipe", True)])
+def test_gradients_summed_per_device_and_reduced_once_per_step_train_like_plain_jax(
+    four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool
+) -> None:
+    sizes = [8, 32, 32, 32, 4]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    y = rng.standard_normal((64, 4)).astype(np.float32)
+    step = pw.pipeline(
+        [layer, layer, layer, head],
+        slices,
+        mse,
+        optax.sgd(0.5),  # plain SGD: a gradient off by any factor changes the losses
+        microbatches=8,
+        schedule=schedule,
+        remat=remat,
+        batch_spec=PartitionSpec("data"),
+        reduce_grads="step",
+    )
+    params, state = step.init(_params(sizes))
+    losses = []
+    for _ in range(5):
+        params, state, loss = step(params, state, x, y)
+        losses.append(loss)
+    got = [float(v) for v in pw.fetch(losses)]
+    np.testing.assert_allclose(
+        got, _reference(_params(sizes), x, y, 5, optax.sgd(0.5)), rtol=2e-5, atol=1e-6
+    )
+    # The per-device sums are added up in the update: parameters stay whole and replicated.
+    assert [p["w"].shape for p in params] == [(a, b) for a, b in itertools.pairwise(sizes)]
+    assert all(p["w"].sharding.spec == PartitionSpec() for p in params)
+
+
+def test_reduce_grads_errors_say_what_to_pass(slices: list[pw.VirtualSlice]) -> None:
+    stages = [layer, layer, layer, head]
+    opt = optax.sgd(0.1)
+    with pytest.raises(ValueError, match=r"reduce_grads must be one of \('microbatch', 'step'\)"):
+        pw.pipeline(stages, slices, mse, opt, reduce_grads="once")
+    with pytest.raises(ValueError, match=r"batch_spec must name mesh axes for dimension 0"):
+        pw.pipeline(stages, slices, mse, opt, reduce_grads="step")
+    with pytest.raises(ValueError, match=r"dimension 0 only.*got P\(None, 'data'\)"):
+        pw.pipeline(
+            stages, slices, mse, opt, reduce_grads="step", batch_spec=PartitionSpec(None, "data")
+        )
+
+
+def test_batches_already_on_the_slices_split_there_with_one_program_each(
+    four: pw.Client, slices: list[pw.VirtualSlice]
+) -> None:
+    sizes = [8, 32, 32, 32, 4]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    y = rng.standard_normal((64, 4)).astype(np.float32)
+    step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.adam(1e-2), microbatches=8)
+    params, state = step.init(_params(sizes))
+    xr = slices[0].put(x, PartitionSpec("data"))
+    yr = slices[-1].put(y, PartitionSpec("data"))
+    losses = []
+    for _ in range(3):
+        params, state, loss = step(params, state, xr, yr)
+        losses.append(loss)
+    got = [float(v) for v in pw.fetch(losses)]
+    np.testing.assert_allclose(got, _reference(_params(sizes), x, y, 3), rtol=2e-5, atol=1e-6)
+    # One split program per slice, traced once: not a new program every step.
+    assert sorted(repr(f) for f in step._splits.values()) == ["<pw.jit split (1 programs)>"] * 2
 
 
 def test_stages_run_at_the_same_time(four: pw.Client, slices: list[pw.VirtualSlice]) -> None:

@@ -25,6 +25,15 @@ from jax.sharding import PartitionSpec
 
 from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._remote import RemoteArray
+from pathways_nb.client._stages import (
+    backward,
+    backward_from_residuals,
+    last,
+    per_device,
+    reduce_then,
+    update,
+    with_residuals,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,6 +41,7 @@ if TYPE_CHECKING:
     from pathways_nb.client._slice import VirtualSlice
 
 SCHEDULES = ("gpipe", "1f1b")
+REDUCE_GRADS = ("microbatch", "step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +132,7 @@ class Pipeline:
         schedule: str,
         batch_spec: PartitionSpec,
         remat: bool = False,
+        reduce_grads: str = "microbatch",
     ) -> None:
         if len(stages) != len(slices):
             raise ValueError(
@@ -133,6 +144,7 @@ class Pipeline:
         self.schedule = schedule
         self.batch_spec = batch_spec
         self.remat = remat
+        self.reduce_grads = reduce_grads
         self.optimizer = optimizer
         self.order = submission_order(stage_orders(len(stages), microbatches, schedule))
         n = len(stages)
@@ -141,27 +153,35 @@ class Pipeline:
         self._bwd_first: list[RemoteFunction] = []
         self._bwd: list[RemoteFunction] = []
         self._update: list[RemoteFunction] = []
+        axes = _row_axes(batch_spec, reduce_grads)
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
             if remat:
-                self._fwd.append(jit(fn, slice=vs, name=f"{name}.fwd"))
-                first, acc = _backward(fn, s == 0)
+                forward: Any = fn
+                first, acc = backward(fn, s == 0)
                 donate = 3
             else:
                 # The forward returns its residuals as well; they stay on this slice as
                 # remote arrays until the backward.
-                self._fwd.append(jit(_with_residuals(fn), slice=vs, name=f"{name}.fwd"))
-                first, acc = _backward_from_residuals(fn, s == 0)
+                forward = with_residuals(fn)
+                first, acc = backward_from_residuals(fn, s == 0)
                 donate = 5
+            apply = update(optimizer)
+            if axes is not None and s < n - 1:
+                mesh = vs.abstract_mesh
+                forward, first, acc = per_device(forward, first, acc, remat, s == 0, mesh, axes)
+                apply = reduce_then(apply, mesh)
+            self._fwd.append(jit(forward, slice=vs, name=f"{name}.fwd"))
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
             self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
             self._update.append(
-                jit(_update(optimizer), slice=vs, name=f"{name}.update", donate_argnums=(0, 1, 2))
+                jit(apply, slice=vs, name=f"{name}.update", donate_argnums=(0, 1, 2))
             )
-        last_first, last_acc = _last(stages[-1], loss_fn, m, n == 1)
+        last_first, last_acc = last(stages[-1], loss_fn, m, n == 1)
         lname = f"stage{n - 1}:{getattr(stages[-1], '__name__', 'stage')}"
         self._last_first = jit(last_first, slice=slices[-1], name=f"{lname}.loss")
         self._last = jit(last_acc, slice=slices[-1], name=f"{lname}.loss", donate_argnums=(3, 4))
+        self._splits: dict[int, RemoteFunction] = {}
         self._opt_init = [
             jit(optimizer.init, slice=vs, name=f"stage{s}.opt_init") for s, vs in enumerate(slices)
         ]
@@ -186,20 +206,27 @@ class Pipeline:
         if isinstance(batch, RemoteArray):
             if batch.shape[0] % m:
                 raise ValueError(f"{what} of {batch.shape[0]} rows does not split into {m}")
-            rows = batch.shape[0] // m
-            split = jit(
-                lambda b: tuple(b[i * rows : (i + 1) * rows] for i in range(m)),
-                slice=vs,
-                name="split",
-                out_shardings=self.batch_spec,
-            )
-            return list(split(batch))
+            return list(self._splitter(vs)(batch))
         arr = np.asarray(batch)
         if arr.shape[0] % m:
             raise ValueError(
                 f"{what} has {arr.shape[0]} rows, which do not split into {m} microbatches"
             )
         return [vs.put(part, self.batch_spec) for part in np.split(arr, m)]
+
+    def _splitter(self, vs: VirtualSlice) -> RemoteFunction:
+        # One program per slice, kept: a new function each step would be traced and
+        # exported again every step.
+        key = id(vs)
+        if key not in self._splits:
+            m = self.microbatches
+
+            def split(b: Any) -> tuple[Any, ...]:
+                rows = b.shape[0] // m
+                return tuple(b[i * rows : (i + 1) * rows] for i in range(m))
+
+            self._splits[key] = jit(split, slice=vs, name="split", out_shardings=self.batch_spec)
+        return self._splits[key]
 
     def __call__(
         self, params: Sequence[Any], opt_state: Sequence[Any], x: Any, y: Any
@@ -293,6 +320,24 @@ class Pipeline:
         }
 
 
+def _row_axes(batch_spec: PartitionSpec, reduce_grads: str) -> Any:
+    """The mesh axes each microbatch's rows are split over, when every device keeps its
+    own gradient sum (``reduce_grads="step"``); None when gradients are reduced per
+    microbatch."""
+    if reduce_grads not in REDUCE_GRADS:
+        raise ValueError(f"reduce_grads must be one of {REDUCE_GRADS}; got {reduce_grads!r}")
+    if reduce_grads == "microbatch":
+        return None
+    axes = batch_spec[0] if len(batch_spec) else None
+    if axes is None or any(a is not None for a in batch_spec[1:]):
+        raise ValueError(
+            "reduce_grads='step' splits each microbatch's rows over the slices' devices "
+            f"and nothing else; batch_spec must name mesh axes for dimension 0 only, "
+            f"e.g. PartitionSpec('data'); got {batch_spec}"
+        )
+    return axes
+
+
 def _union(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
@@ -301,133 +346,6 @@ def _union(intervals: list[tuple[float, float]]) -> float:
         total += b - max(a, end)
         end = b
     return total
-
-
-def _backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
-    """Backward of a middle stage, recomputing its forward; with and without an
-    accumulator for the parameter gradients."""
-
-    def grads(p: Any, x: Any, g: Any) -> tuple[Any, Any]:
-        _, vjp = jax.vjp(fn, p, x)
-        gp, gx = vjp(g)
-        return gp, gx
-
-    def first(p: Any, x: Any, g: Any) -> Any:
-        gp, gx = grads(p, x, g)
-        return gp if first_stage else (gp, gx)
-
-    def acc(p: Any, x: Any, g: Any, a: Any) -> Any:
-        gp, gx = grads(p, x, g)
-        total = jax.tree.map(lambda u, v: u + v, a, gp)
-        return total if first_stage else (total, gx)
-
-    first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
-    return first, acc
-
-
-def _residuals(
-    fn: Callable[[Any, Any], Any], p: Any, x: Any
-) -> tuple[Any, Any, list[Any], list[Any]]:
-    """The stage's output, its vjp, the vjp's leaves and where each comes from: an input
-    leaf ``("in", i)``, an output leaf ``("out", i)``, an earlier residual
-    ``("same", k)`` or a residual of its own ``("res", None)``.
-
-    The vjp keeps whatever the backward needs, inputs and output included; returned
-    from a program, each would be a copy (the weights once per microbatch).
-    """
-    out, vjp = jax.vjp(fn, p, x)
-    ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
-    leaves = jax.tree.leaves(vjp)
-    where: list[Any] = []
-    for k, leaf in enumerate(leaves):
-        src: Any = ("res", None)
-        for tag, pool in (("in", ins), ("out", outs), ("same", leaves[:k])):
-            j = next((j for j, a in enumerate(pool) if a is leaf), None)
-            if j is not None:
-                src = (tag, j)
-                break
-        where.append(src)
-    return out, vjp, leaves, where
-
-
-def _with_residuals(fn: Callable[[Any, Any], Any]) -> Any:
-    def forward(p: Any, x: Any) -> tuple[Any, tuple[Any, ...]]:
-        out, _, leaves, where = _residuals(fn, p, x)
-        return out, tuple(leaf for leaf, src in zip(leaves, where, strict=True) if src[0] == "res")
-
-    forward.__name__ = getattr(fn, "__name__", "stage")
-    return forward
-
-
-def _backward_from_residuals(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
-    """Backward of a middle stage from the residuals its forward returned.
-
-    The stage is traced again here only for the vjp's structure: nothing of that trace
-    but the inputs and the output reaches the result, so the compiler drops it.
-    """
-
-    def grads(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
-        _, vjp, _, where = _residuals(fn, p, x)
-        ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
-        own = iter(kept)
-        leaves: list[Any] = []
-        for tag, j in where:
-            if tag == "in":
-                leaves.append(ins[j])
-            elif tag == "out":
-                leaves.append(outs[j])
-            elif tag == "same":
-                leaves.append(leaves[j])
-            else:
-                leaves.append(next(own))
-        gp, gx = jax.tree.unflatten(jax.tree.structure(vjp), leaves)(g)
-        return gp, gx
-
-    def first(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> Any:
-        gp, gx = grads(p, x, out, kept, g)
-        return gp if first_stage else (gp, gx)
-
-    def acc(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any, a: Any) -> Any:
-        gp, gx = grads(p, x, out, kept, g)
-        total = jax.tree.map(lambda u, v: u + v, a, gp)
-        return total if first_stage else (total, gx)
-
-    first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
-    return first, acc
-
-
-def _last(
-    fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], m: float, only: bool
-) -> tuple[Any, Any]:
-    """The last stage: forward, loss (divided by the microbatch count, so gradients
-    add up to the batch mean) and backward in one program."""
-
-    def value_and_grads(p: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
-        def objective(pp: Any, xx: Any) -> Any:
-            return loss_fn(fn(pp, xx), y) / m
-
-        loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(p, x)
-        return loss, gp, gx
-
-    def first(p: Any, x: Any, y: Any) -> Any:
-        loss, gp, gx = value_and_grads(p, x, y)
-        return loss, gp, (None if only else gx)
-
-    def acc(p: Any, x: Any, y: Any, a: Any, total: Any) -> Any:
-        loss, gp, gx = value_and_grads(p, x, y)
-        return total + loss, jax.tree.map(lambda u, v: u + v, a, gp), (None if only else gx)
-
-    return first, acc
-
-
-def _update(optimizer: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
-    def update(p: Any, st: Any, g: Any) -> tuple[Any, Any]:
-        import optax
-
-        updates, st = optimizer.update(g, st, p)
-        return optax.apply_updates(p, updates), st
-
-    return update
 
 
 def pipeline(
@@ -439,6 +357,7 @@ def pipeline(
     schedule: str = "1f1b",
     batch_spec: PartitionSpec | None = None,
     remat: bool = False,
+    reduce_grads: str = "microbatch",
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -450,6 +369,14 @@ def pipeline(
     replicated). Each stage's backward uses the residuals its forward kept on the slice
     (a ``jax.vjp`` returned as remote arrays); ``remat=True`` recomputes the forward
     instead, keeping only the stage's input: less memory, a third more arithmetic.
+
+    ``reduce_grads`` says when a stage's devices add up their parameter gradients:
+    ``"microbatch"`` (default) in every backward, exactly as one program over the whole
+    batch would; ``"step"`` once per step, in the update, as data-parallel training does:
+    every stage but the last then runs on each device's own rows of the microbatch
+    (``batch_spec`` must split dimension 0, e.g. ``PartitionSpec("data")``), which gives
+    the same result only for stages that treat rows independently (no statistics across
+    the batch), and saves one all-reduce of the stage's parameters per microbatch.
     """
     return Pipeline(
         stages,
@@ -460,4 +387,5 @@ def pipeline(
         schedule,
         batch_spec if batch_spec is not None else PartitionSpec(),
         remat,
+        reduce_grads,
     )

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import zmq
 
-from pathways_nb._core import RemoteError, decode_spec, local_versions
+from pathways_nb._core import ClosedError, RemoteError, decode_spec, local_versions
 from pathways_nb.wire import DealerSocket, connect_dealer, decode, encode, receive
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._hostcopy import Index, host_shards, normalize
@@ -31,6 +31,7 @@ log = logging.getLogger("pathways_nb.worker")
 
 
 _STOP = object()
+_SEND_STEP_MS = 500
 
 
 # index arithmetic (pure) --------------------------------------------------------------
@@ -149,6 +150,7 @@ class Sender:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._socks: dict[str, DealerSocket] = {}
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.bytes_sent = 0
         self.transfers = 0
         # Destination layouts seen before: pieces_for costs tens of µs per send.
@@ -165,6 +167,7 @@ class Sender:
     def stop(self) -> None:
         if self._thread is None:
             return
+        self._stopping.set()
         self._queue.put(_STOP)
         self._thread.join()
         self._thread = None
@@ -200,10 +203,25 @@ class Sender:
         if s is None:
             # Blocking: a send returns once the kernel holds it, so the source may go.
             s = connect_dealer(self._ctx, address, blocking=True, peer="a host")
+            if isinstance(s, zmq.Socket):
+                # In one process a send to a host already closed would wait forever
+                # (nothing is there to take it): wait in steps, so stop() is heard.
+                s.setsockopt(zmq.SNDTIMEO, _SEND_STEP_MS)
             hello = {"t": "hello", "role": "host", "rid": 0, "versions": local_versions().to_dict()}
-            s.send_multipart(encode(hello))
             self._socks[address] = s
+            self._deliver(s, encode(hello))
         return s
+
+    def _deliver(self, sock: DealerSocket, frames: list[Any], copy: bool = True) -> None:
+        while True:
+            try:
+                sock.send_multipart(frames, copy=copy)
+                return
+            except zmq.Again:
+                if self._stopping.is_set():
+                    raise ClosedError(
+                        f"host {self.host} closed with a transfer it could not deliver"
+                    ) from None
 
     def _drain_replies(self) -> None:
         for address, s in self._socks.items():
@@ -238,7 +256,7 @@ class Sender:
                 if isinstance(exc, RemoteError)
                 else to_remote(exc, "runtime", program=program, slice=sname, host=self.host)
             )
-            sock.send_multipart(encode(base | {"pieces": 1, "error": err.to_dict()}))
+            self._deliver(sock, encode(base | {"pieces": 1, "error": err.to_dict()}))
             return
         if key_impl:
             base["key_impl"] = key_impl
@@ -251,7 +269,7 @@ class Sender:
                 "piece_dtype": piece.dtype.str,
                 "piece_shape": list(piece.shape),
             }
-            sock.send_multipart([*encode(header), memoryview(piece.data).cast("B")], copy=False)
+            self._deliver(sock, [*encode(header), memoryview(piece.data).cast("B")], copy=False)
             self.bytes_sent += piece.nbytes
         self.transfers += 1
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import jax
 import numpy as np
 import pytest
+import zmq
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, encode_spec
 from pathways_nb.worker._hostcopy import host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
-from pathways_nb.worker._transfer import cut, overlap, pieces_for, shard_indices
+from pathways_nb.worker._store import Entry
+from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for, shard_indices
 
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
 
@@ -153,3 +156,44 @@ def test_assembler_places_pieces_and_reuses_one_sharding_per_layout() -> None:
     np.testing.assert_array_equal(np.asarray(a), x)
     assert {d.id for d in a.devices()} == {4, 5}
     assert a.sharding is b.sharding
+
+
+def test_a_sender_stops_while_a_transfer_waits_on_a_closed_host() -> None:
+    """In one process a DEALER send to a host that closed finds nobody to take it;
+    stopping the sender must not wait on it, and every source array is released."""
+    ctx = zmq.Context()
+    address = "inproc://a-host-that-closes"
+    host = ctx.socket(zmq.ROUTER)
+    host.bind(address)
+    released: list[int] = []
+    sender = Sender(ctx, "h0", released.append).start()
+    value = np.arange(4, dtype=np.float32)
+
+    def transfer(src: int) -> None:
+        body = {
+            "src": src,
+            "dst": src + 100,
+            "lid": src,
+            "shape": [4],
+            "spec": encode_spec(P()),
+            "devices": [0],
+            "mesh": [["x", 1]],
+            "address": address,
+        }
+        sender.submit(Entry(value=value, nbytes=value.nbytes, ready=True), body)
+
+    try:
+        transfer(1)
+        got = []
+        while len(got) < 2:  # the hello, then the piece
+            assert host.poll(30_000), "the first transfer never arrived"
+            got.append(host.recv_multipart())
+        host.close(linger=0)
+        transfer(2)
+        stopper = threading.Thread(target=sender.stop, daemon=True)
+        stopper.start()
+        stopper.join(timeout=30)
+        assert not stopper.is_alive(), "Sender.stop() still waits on the undeliverable send"
+        assert released == [1, 2]
+    finally:
+        ctx.destroy(linger=0)

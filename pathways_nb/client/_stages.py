@@ -1,0 +1,228 @@
+"""The programs of one pipeline stage, built from the user's stage function.
+
+Forward (returning its own residuals, or nothing extra under remat), backward (from those
+residuals, or recomputing the forward), the last stage's fused forward, loss and backward,
+and the optimizer update. Each backward comes in two forms: one that starts the parameter
+gradients and one that adds to them (the accumulator is donated).
+
+``per_device`` wraps a stage's forward and backward so that each device of the slice
+works on its own rows of the microbatch and keeps its own sum of parameter gradients,
+as data-parallel training does: the slice's devices reduce the gradients once per step,
+in the update, instead of once per microbatch. That is exact only for stages that treat
+rows independently (no statistics across the batch inside the stage), so it is asked for
+explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+
+def backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
+    """Backward of a middle stage, recomputing its forward; with and without an
+    accumulator for the parameter gradients."""
+
+    def grads(p: Any, x: Any, g: Any) -> tuple[Any, Any]:
+        _, vjp = jax.vjp(fn, p, x)
+        gp, gx = vjp(g)
+        return gp, gx
+
+    def first(p: Any, x: Any, g: Any) -> Any:
+        gp, gx = grads(p, x, g)
+        return gp if first_stage else (gp, gx)
+
+    def acc(p: Any, x: Any, g: Any, a: Any) -> Any:
+        gp, gx = grads(p, x, g)
+        total = jax.tree.map(lambda u, v: u + v, a, gp)
+        return total if first_stage else (total, gx)
+
+    first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
+    return first, acc
+
+
+def residuals(
+    fn: Callable[[Any, Any], Any], p: Any, x: Any
+) -> tuple[Any, Any, list[Any], list[Any]]:
+    """The stage's output, its vjp, the vjp's leaves and where each comes from: an input
+    leaf ``("in", i)``, an output leaf ``("out", i)``, an earlier residual
+    ``("same", k)`` or a residual of its own ``("res", None)``.
+
+    The vjp keeps whatever the backward needs, inputs and output included; returned
+    from a program, each would be a copy (the weights once per microbatch).
+    """
+    out, vjp = jax.vjp(fn, p, x)
+    ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
+    leaves = jax.tree.leaves(vjp)
+    where: list[Any] = []
+    for k, leaf in enumerate(leaves):
+        src: Any = ("res", None)
+        for tag, pool in (("in", ins), ("out", outs), ("same", leaves[:k])):
+            j = next((j for j, a in enumerate(pool) if a is leaf), None)
+            if j is not None:
+                src = (tag, j)
+                break
+        where.append(src)
+    return out, vjp, leaves, where
+
+
+def with_residuals(fn: Callable[[Any, Any], Any]) -> Any:
+    def forward(p: Any, x: Any) -> tuple[Any, tuple[Any, ...]]:
+        out, _, leaves, where = residuals(fn, p, x)
+        return out, tuple(leaf for leaf, src in zip(leaves, where, strict=True) if src[0] == "res")
+
+    forward.__name__ = getattr(fn, "__name__", "stage")
+    return forward
+
+
+def backward_from_residuals(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
+    """Backward of a middle stage from the residuals its forward returned.
+
+    The stage is traced again here only for the vjp's structure: nothing of that trace
+    but the inputs and the output reaches the result, so the compiler drops it.
+    """
+
+    def grads(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
+        _, vjp, _, where = residuals(fn, p, x)
+        ins, outs = jax.tree.leaves((p, x)), jax.tree.leaves(out)
+        own = iter(kept)
+        leaves: list[Any] = []
+        for tag, j in where:
+            if tag == "in":
+                leaves.append(ins[j])
+            elif tag == "out":
+                leaves.append(outs[j])
+            elif tag == "same":
+                leaves.append(leaves[j])
+            else:
+                leaves.append(next(own))
+        gp, gx = jax.tree.unflatten(jax.tree.structure(vjp), leaves)(g)
+        return gp, gx
+
+    def first(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any) -> Any:
+        gp, gx = grads(p, x, out, kept, g)
+        return gp if first_stage else (gp, gx)
+
+    def acc(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any, a: Any) -> Any:
+        gp, gx = grads(p, x, out, kept, g)
+        total = jax.tree.map(lambda u, v: u + v, a, gp)
+        return total if first_stage else (total, gx)
+
+    first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
+    return first, acc
+
+
+def last(
+    fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], m: float, only: bool
+) -> tuple[Any, Any]:
+    """The last stage: forward, loss (divided by the microbatch count, so gradients
+    add up to the batch mean) and backward in one program."""
+
+    def value_and_grads(p: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
+        def objective(pp: Any, xx: Any) -> Any:
+            return loss_fn(fn(pp, xx), y) / m
+
+        loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(p, x)
+        return loss, gp, gx
+
+    def first(p: Any, x: Any, y: Any) -> Any:
+        loss, gp, gx = value_and_grads(p, x, y)
+        return loss, gp, (None if only else gx)
+
+    def acc(p: Any, x: Any, y: Any, a: Any, total: Any) -> Any:
+        loss, gp, gx = value_and_grads(p, x, y)
+        return total + loss, jax.tree.map(lambda u, v: u + v, a, gp), (None if only else gx)
+
+    return first, acc
+
+
+def update(optimizer: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+    def update(p: Any, st: Any, g: Any) -> tuple[Any, Any]:
+        import optax
+
+        updates, st = optimizer.update(g, st, p)
+        return optax.apply_updates(p, updates), st
+
+    return update
+
+
+def per_device(
+    forward: Any,
+    first: Any,
+    acc: Any,
+    remat: bool,
+    first_stage: bool,
+    mesh: AbstractMesh,
+    axes: Any,
+) -> tuple[Any, Any, Any]:
+    """The stage's forward, first backward and accumulating backward, each run by every
+    device of ``mesh`` on its own rows (dimension 0, split over ``axes``).
+
+    What a device keeps for itself (its residuals, its gradient sum) travels as one
+    global array with a new leading dimension split over ``axes``, one row per device.
+    The parameters (the first argument) come in replicated.
+    """
+    rows, own = PartitionSpec(axes), PartitionSpec()
+    name = getattr(forward, "__name__", "stage")
+
+    def stacked(tree: Any) -> Any:
+        return jax.tree.map(lambda v: v[None], tree)
+
+    def unstacked(tree: Any) -> Any:
+        return jax.tree.map(lambda v: v[0], tree)
+
+    def local(fn: Any, nargs: int, mine: tuple[int, ...], out_specs: Any, wrap: Any) -> Any:
+        """``fn`` on each device's rows; the arguments at ``mine`` are per-device stacks."""
+
+        def body(*args: Any) -> Any:
+            return wrap(fn(*(unstacked(v) if i in mine else v for i, v in enumerate(args))))
+
+        def run(*args: Any) -> Any:
+            # No varying-value checks: each device's gradient of the replicated
+            # parameters must stay its own (a checked map would add them up here).
+            return jax.shard_map(
+                body,
+                mesh=mesh,
+                in_specs=(own,) + (rows,) * (nargs - 1),
+                out_specs=out_specs,
+                check_vma=False,
+            )(*args)
+
+        run.__name__ = name
+        return run
+
+    def grads(r: Any) -> Any:
+        return stacked(r) if first_stage else (stacked(r[0]), r[1])
+
+    grads_out = rows if first_stage else (rows, rows)
+    kept: tuple[int, ...]
+    if remat:
+        # (params, input, cotangent[, sums])
+        fwd = local(forward, 2, (), rows, lambda r: r)
+        n, kept = 3, ()
+    else:
+        # (params, input, output, residuals, cotangent[, sums])
+        fwd = local(forward, 2, (), (rows, rows), lambda r: (r[0], stacked(r[1])))
+        n, kept = 5, (3,)
+    bwd_first = local(first, n, kept, grads_out, grads)
+    bwd_acc = local(acc, n + 1, (*kept, n), grads_out, grads)
+    return fwd, bwd_first, bwd_acc
+
+
+def reduce_then(update_fn: Any, mesh: AbstractMesh) -> Any:
+    """The update for per-device gradient sums: add the devices' sums (the step's one
+    reduction), replicated like the parameters, then update."""
+
+    def update_reduced(p: Any, st: Any, g: Any) -> Any:
+        total = jax.tree.map(
+            lambda v: jax.lax.with_sharding_constraint(
+                v.sum(0), NamedSharding(mesh, PartitionSpec())
+            ),
+            g,
+        )
+        return update_fn(p, st, total)
+
+    return update_reduced
