@@ -167,7 +167,7 @@ class Pipeline:
                 first, acc = backward_from_residuals(fn, s == 0)
                 donate = 5
             apply = update(optimizer)
-            if axes is not None and s < n - 1:
+            if axes is not None:
                 mesh = vs.abstract_mesh
                 forward, first, acc = per_device(forward, first, acc, remat, s == 0, mesh, axes)
                 apply = reduce_then(apply, mesh)
@@ -177,7 +177,8 @@ class Pipeline:
             self._update.append(
                 jit(apply, slice=vs, name=f"{name}.update", donate_argnums=(0, 1, 2))
             )
-        last_first, last_acc = last(stages[-1], loss_fn, m, n == 1)
+        rows = None if axes is None else (slices[-1].abstract_mesh, axes)
+        last_first, last_acc = last(stages[-1], loss_fn, m, n == 1, rows)
         lname = f"stage{n - 1}:{getattr(stages[-1], '__name__', 'stage')}"
         self._last_first = jit(last_first, slice=slices[-1], name=f"{lname}.loss")
         self._last = jit(last_acc, slice=slices[-1], name=f"{lname}.loss", donate_argnums=(3, 4))
@@ -373,10 +374,11 @@ def pipeline(
     ``reduce_grads`` says when a stage's devices add up their parameter gradients:
     ``"microbatch"`` (default) in every backward, exactly as one program over the whole
     batch would; ``"step"`` once per step, in the update, as data-parallel training does:
-    every stage but the last then runs on each device's own rows of the microbatch
-    (``batch_spec`` must split dimension 0, e.g. ``PartitionSpec("data")``), which gives
-    the same result only for stages that treat rows independently (no statistics across
-    the batch), and saves one all-reduce of the stage's parameters per microbatch.
+    every stage then runs on each device's own rows of the microbatch (``batch_spec``
+    must split dimension 0, e.g. ``PartitionSpec("data")``; the loss is still taken over
+    the whole microbatch), which gives the same result only for stages that treat rows
+    independently (no statistics across the batch), and saves one all-reduce of each
+    stage's parameters per microbatch.
     """
     return Pipeline(
         stages,

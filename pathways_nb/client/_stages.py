@@ -15,10 +15,12 @@ explicitly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 
@@ -116,16 +118,33 @@ def backward_from_residuals(fn: Callable[[Any, Any], Any], first_stage: bool) ->
 
 
 def last(
-    fn: Callable[[Any, Any], Any], loss_fn: Callable[[Any, Any], Any], m: float, only: bool
+    fn: Callable[[Any, Any], Any],
+    loss_fn: Callable[[Any, Any], Any],
+    m: float,
+    only: bool,
+    rows: tuple[AbstractMesh, Any] | None = None,
 ) -> tuple[Any, Any]:
     """The last stage: forward, loss (divided by the microbatch count, so gradients
-    add up to the batch mean) and backward in one program."""
+    add up to the batch mean) and backward in one program.
+
+    With ``rows`` (a mesh and the axes dimension 0 is split over) the stage runs on each
+    device's own rows and its parameter gradients come back as per-device sums, one row
+    per device; the loss is still taken over the whole microbatch.
+    """
 
     def value_and_grads(p: Any, x: Any, y: Any) -> tuple[Any, Any, Any]:
-        def objective(pp: Any, xx: Any) -> Any:
-            return loss_fn(fn(pp, xx), y) / m
+        if rows is None:
+            stage, at = fn, p
+        else:
+            # Differentiating with respect to one copy of the parameters per device
+            # leaves each device's gradient its own (with respect to the replicated
+            # parameters, the devices' contributions would be added up here).
+            stage, at = _on_own_rows(fn, *rows), _per_device_copies(p, *rows)
 
-        loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(p, x)
+        def objective(pp: Any, xx: Any) -> Any:
+            return loss_fn(stage(pp, xx), y) / m
+
+        loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(at, x)
         return loss, gp, gx
 
     def first(p: Any, x: Any, y: Any) -> Any:
@@ -137,6 +156,31 @@ def last(
         return total + loss, jax.tree.map(lambda u, v: u + v, a, gp), (None if only else gx)
 
     return first, acc
+
+
+def _on_own_rows(fn: Callable[[Any, Any], Any], mesh: AbstractMesh, axes: Any) -> Any:
+    """``fn(per-device params, x)``: each device applies ``fn`` with its own copy of the
+    parameters to its own rows."""
+    rows = PartitionSpec(axes)
+
+    def body(q: Any, x: Any) -> Any:
+        return fn(jax.tree.map(lambda v: v[0], q), x)
+
+    def stage(q: Any, x: Any) -> Any:
+        return jax.shard_map(
+            body, mesh=mesh, in_specs=(rows, rows), out_specs=rows, check_vma=False
+        )(q, x)
+
+    return stage
+
+
+def _per_device_copies(p: Any, mesh: AbstractMesh, axes: Any) -> Any:
+    names = axes if isinstance(axes, tuple) else (axes,)
+    n = math.prod(mesh.shape[a] for a in names)
+    where = NamedSharding(mesh, PartitionSpec(axes))
+    return jax.tree.map(
+        lambda v: jax.lax.with_sharding_constraint(jnp.broadcast_to(v, (n, *v.shape)), where), p
+    )
 
 
 def update(optimizer: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
