@@ -5,10 +5,11 @@ residuals, or recomputing the forward), the last stage's fused forward, loss and
 and the optimizer update. Each backward comes in two forms: one that starts the parameter
 gradients and one that adds to them (the accumulator is donated).
 
-``per_device`` wraps a stage's forward and backward so that each device of the slice
-works on its own rows of the microbatch and keeps its own sum of parameter gradients,
-as data-parallel training does: the slice's devices reduce the gradients once per step,
-in the update, instead of once per microbatch. That is exact only for stages that treat
+``per_device`` wraps a stage's forward and backward (and ``last`` its program, given
+``rows``) so that each device of the slice works on its own rows of the microbatch and
+keeps its own sum of parameter gradients, as data-parallel training does: the slice's
+devices reduce the gradients once per step, in the update (``reduce_then``), instead of
+once per microbatch. That is exact only for stages that treat
 rows independently (no statistics across the batch inside the stage), so it is asked for
 explicitly.
 """
