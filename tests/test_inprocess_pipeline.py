@@ -67,6 +67,27 @@ def _reference(
     return out
 
 
+SIZES = [8, 32, 32, 32, 4]
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, SIZES[0])).astype(np.float32)
+    y = rng.standard_normal((64, SIZES[-1])).astype(np.float32)
+    return x, y
+
+
+def _train(step: pw.Pipeline, x: object, y: object, steps: int) -> tuple[list, list[float]]:
+    """``steps`` steps from the parameters of ``_params(SIZES)``: the final parameters
+    and every step's loss."""
+    params, state = step.init(_params(SIZES))
+    losses = []
+    for _ in range(steps):
+        params, state, loss = step(params, state, x, y)
+        losses.append(loss)
+    return params, [float(v) for v in pw.fetch(losses)]
+
+
 @pytest.fixture(scope="module")
 def four() -> Iterator[pw.Client]:
     """Four islands of two devices: one slice per stage, each on its own island."""
@@ -91,10 +112,7 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(
     four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool
 ) -> None:
     assert len({s.island for s in slices}) == 4
-    sizes = [8, 32, 32, 32, 4]
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((64, 8)).astype(np.float32)
-    y = rng.standard_normal((64, 4)).astype(np.float32)
+    x, y = _batch()
     step = pw.pipeline(
         [layer, layer, layer, head],
         slices,
@@ -104,13 +122,8 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(
         schedule=schedule,
         remat=remat,
     )
-    params, state = step.init(_params(sizes))
-    losses = []
-    for _ in range(5):
-        params, state, loss = step(params, state, x, y)
-        losses.append(loss)
-    got = [float(v) for v in pw.fetch(losses)]
-    np.testing.assert_allclose(got, _reference(_params(sizes), x, y, 5), rtol=2e-5, atol=1e-6)
+    params, got = _train(step, x, y, 5)
+    np.testing.assert_allclose(got, _reference(_params(SIZES), x, y, 5), rtol=2e-5, atol=1e-6)
     assert [p["w"].slice for p in params] == slices  # parameters stay on their stage's slice
 
 
@@ -118,10 +131,7 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(
 def test_gradients_summed_per_device_and_reduced_once_per_step_train_like_plain_jax(
     four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool
 ) -> None:
-    sizes = [8, 32, 32, 32, 4]
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((64, 8)).astype(np.float32)
-    y = rng.standard_normal((64, 4)).astype(np.float32)
+    x, y = _batch()
     step = pw.pipeline(
         [layer, layer, layer, head],
         slices,
@@ -133,17 +143,12 @@ def test_gradients_summed_per_device_and_reduced_once_per_step_train_like_plain_
         batch_spec=PartitionSpec("data"),
         reduce_grads="step",
     )
-    params, state = step.init(_params(sizes))
-    losses = []
-    for _ in range(5):
-        params, state, loss = step(params, state, x, y)
-        losses.append(loss)
-    got = [float(v) for v in pw.fetch(losses)]
+    params, got = _train(step, x, y, 5)
     np.testing.assert_allclose(
-        got, _reference(_params(sizes), x, y, 5, optax.sgd(0.5)), rtol=2e-5, atol=1e-6
+        got, _reference(_params(SIZES), x, y, 5, optax.sgd(0.5)), rtol=2e-5, atol=1e-6
     )
     # The per-device sums are added up in the update: parameters stay whole and replicated.
-    assert [p["w"].shape for p in params] == [(a, b) for a, b in itertools.pairwise(sizes)]
+    assert [p["w"].shape for p in params] == [(a, b) for a, b in itertools.pairwise(SIZES)]
     assert all(p["w"].sharding.spec == PartitionSpec() for p in params)
 
 
@@ -163,20 +168,12 @@ def test_reduce_grads_errors_say_what_to_pass(slices: list[pw.VirtualSlice]) -> 
 def test_batches_already_on_the_slices_split_there_with_one_program_each(
     four: pw.Client, slices: list[pw.VirtualSlice]
 ) -> None:
-    sizes = [8, 32, 32, 32, 4]
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((64, 8)).astype(np.float32)
-    y = rng.standard_normal((64, 4)).astype(np.float32)
+    x, y = _batch()
     step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.adam(1e-2), microbatches=8)
-    params, state = step.init(_params(sizes))
     xr = slices[0].put(x, PartitionSpec("data"))
     yr = slices[-1].put(y, PartitionSpec("data"))
-    losses = []
-    for _ in range(3):
-        params, state, loss = step(params, state, xr, yr)
-        losses.append(loss)
-    got = [float(v) for v in pw.fetch(losses)]
-    np.testing.assert_allclose(got, _reference(_params(sizes), x, y, 3), rtol=2e-5, atol=1e-6)
+    _, got = _train(step, xr, yr, 3)
+    np.testing.assert_allclose(got, _reference(_params(SIZES), x, y, 3), rtol=2e-5, atol=1e-6)
     # One split program per slice, traced once: not a new program every step.
     assert sorted(repr(f) for f in step._splits.values()) == ["<pw.jit split (1 programs)>"] * 2
 
