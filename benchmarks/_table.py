@@ -91,32 +91,40 @@ def _core(r: dict[str, Any]) -> list[Row]:
     ]
 
 
-def _mpmd(r: dict[str, Any]) -> list[Row]:
-    p, t, d = r["pipeline"], r["transfer"], r["dispatch"]
-    smallest = min(d["sizes"], key=int)
-    s = d["sizes"][smallest]
+def _pipeline_rows(p: dict[str, Any]) -> list[Row]:
+    width = p["params"]["width"]
     return [
         (
-            "4-stage pipeline vs SPMD (steps/s), gradients reduced once per step",
+            f"4-stage pipeline vs SPMD, width {width} (steps/s), gradients reduced once per step",
             f"SPMD {_fmt(p['spmd_steps_per_s'])}",
             _fmt(p["pipeline_steps_per_s"]),
             f"{p['ratio']:.2f}x",
             "≥ 0.9x",
         ),
         (
-            "the same, gradients reduced every microbatch",
+            f"the same, width {width}, gradients reduced every microbatch",
             f"SPMD {_fmt(p['spmd_steps_per_s'])}",
             _fmt(p["reduce_grads_every_microbatch"]["steps_per_s"]),
             f"{p['reduce_grads_every_microbatch']['ratio']:.2f}x",
             "",
         ),
         (
-            "pipeline bubble (busy intervals)",
+            f"pipeline bubble, width {width} (busy intervals)",
             f"theory {p['bubble_theoretical']:.2f}",
             f"{p['bubble_measured']:.2f}",
             f"{p['bubble_ratio']:.2f}x",
             "≤ 1.2x",
         ),
+    ]
+
+
+def _mpmd(r: dict[str, Any]) -> list[Row]:
+    p, t, d = r["pipeline"], r["transfer"], r["dispatch"]
+    smallest = min(d["sizes"], key=int)
+    s = d["sizes"][smallest]
+    return [
+        *_pipeline_rows(p),
+        *_pipeline_rows(r["pipeline_wide"]),
         (
             f"transfer {t['bytes'] >> 20} MiB host to host (GiB/s)",
             f"raw ZeroMQ {t['raw_zmq_gib_per_s']:.2f}",

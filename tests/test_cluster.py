@@ -255,6 +255,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     }
     mpmd = json.loads((tmp_path / "mpmd.json").read_text())
     assert set(mpmd["pipeline"]["bubble_per_stage"]) == {"0", "1", "2", "3"}
+    assert mpmd["pipeline_wide"]["params"]["width"] > mpmd["pipeline"]["params"]["width"]
     exact = mpmd["pipeline"]["reduce_grads_every_microbatch"]
     assert (
         exact["ratio"] > 0 and len(exact["ratio_per_round"]) == mpmd["pipeline"]["params"]["rounds"]
