@@ -122,8 +122,8 @@ def _cpu_per_step(
 class _Side:
     """One contender: a step function, its state, and where its time and CPU went."""
 
-    def __init__(self, name: str, procs: dict[str, int], run: Any, pipeline: Any = None) -> None:
-        self.name, self.procs, self.run, self.pipeline = name, procs, run, pipeline
+    def __init__(self, procs: dict[str, int], run: Any, pipeline: Any = None) -> None:
+        self.procs, self.run, self.pipeline = procs, run, pipeline
         self.bubbles: list[dict[str, Any]] = []
         self.seconds = 0.0
         self.cpu = dict.fromkeys(("client", "controller", "hosts_runtime", "hosts_xla"), 0.0)
@@ -136,8 +136,8 @@ class _Side:
         took = time.perf_counter() - t0
         self.seconds += took
         self.rounds.append(took)
-        for k, v in _cpu_per_step(self.procs, before, steps).items():
-            self.cpu[k] += v * steps
+        for k, v in _cpu_per_step(self.procs, before, 1).items():  # the whole round
+            self.cpu[k] += v
 
 
 def _pipeline_loop(client: Any, pstep: Any, state: list[Any], x: Any, y: Any) -> Any:
@@ -189,7 +189,7 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
             state = list(pstep.init(init(width)))
             run = _pipeline_loop(pclient, pstep, state, px, py)
             run(2)  # compile every program
-            sides.append(_Side(reduce_grads, pprocs, run, pstep))
+            sides.append(_Side(pprocs, run, pstep))
 
         vs = sclient.allocate({"data": 2 * STAGES})
         sparams = [{k: vs.put(v, P()) for k, v in p.items()} for p in init(width)]
@@ -203,7 +203,7 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
                 float(loss)
 
         spmd_run(2)
-        spmd = _Side("spmd", _cluster_pids(sclient, scluster), spmd_run)
+        spmd = _Side(_cluster_pids(sclient, scluster), spmd_run)
         for side in [*sides, spmd]:  # one round untimed: caches, allocator, page faults
             side.run(steps)
         for _ in range(rounds):

@@ -25,6 +25,20 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 
+def _added(a: Any, b: Any) -> Any:
+    return jax.tree.map(lambda u, v: u + v, a, b)
+
+
+def _stacked(tree: Any) -> Any:
+    """Each leaf as one device's row of a per-device stack."""
+    return jax.tree.map(lambda v: v[None], tree)
+
+
+def _unstacked(tree: Any) -> Any:
+    """This device's row of each per-device stack."""
+    return jax.tree.map(lambda v: v[0], tree)
+
+
 def backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any]:
     """Backward of a middle stage, recomputing its forward; with and without an
     accumulator for the parameter gradients."""
@@ -40,7 +54,7 @@ def backward(fn: Callable[[Any, Any], Any], first_stage: bool) -> tuple[Any, Any
 
     def acc(p: Any, x: Any, g: Any, a: Any) -> Any:
         gp, gx = grads(p, x, g)
-        total = jax.tree.map(lambda u, v: u + v, a, gp)
+        total = _added(a, gp)
         return total if first_stage else (total, gx)
 
     first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
@@ -111,7 +125,7 @@ def backward_from_residuals(fn: Callable[[Any, Any], Any], first_stage: bool) ->
 
     def acc(p: Any, x: Any, out: Any, kept: tuple[Any, ...], g: Any, a: Any) -> Any:
         gp, gx = grads(p, x, out, kept, g)
-        total = jax.tree.map(lambda u, v: u + v, a, gp)
+        total = _added(a, gp)
         return total if first_stage else (total, gx)
 
     first.__name__ = acc.__name__ = getattr(fn, "__name__", "stage")
@@ -154,7 +168,7 @@ def last(
 
     def acc(p: Any, x: Any, y: Any, a: Any, total: Any) -> Any:
         loss, gp, gx = value_and_grads(p, x, y)
-        return total + loss, jax.tree.map(lambda u, v: u + v, a, gp), (None if only else gx)
+        return total + loss, _added(a, gp), (None if only else gx)
 
     return first, acc
 
@@ -165,7 +179,7 @@ def _on_own_rows(fn: Callable[[Any, Any], Any], mesh: AbstractMesh, axes: Any) -
     rows = PartitionSpec(axes)
 
     def body(q: Any, x: Any) -> Any:
-        return fn(jax.tree.map(lambda v: v[0], q), x)
+        return fn(_unstacked(q), x)
 
     def stage(q: Any, x: Any) -> Any:
         return jax.shard_map(
@@ -213,17 +227,11 @@ def per_device(
     rows, own = PartitionSpec(axes), PartitionSpec()
     name = getattr(forward, "__name__", "stage")
 
-    def stacked(tree: Any) -> Any:
-        return jax.tree.map(lambda v: v[None], tree)
-
-    def unstacked(tree: Any) -> Any:
-        return jax.tree.map(lambda v: v[0], tree)
-
     def local(fn: Any, nargs: int, mine: tuple[int, ...], out_specs: Any, wrap: Any) -> Any:
         """``fn`` on each device's rows; the arguments at ``mine`` are per-device stacks."""
 
         def body(*args: Any) -> Any:
-            return wrap(fn(*(unstacked(v) if i in mine else v for i, v in enumerate(args))))
+            return wrap(fn(*(_unstacked(v) if i in mine else v for i, v in enumerate(args))))
 
         def run(*args: Any) -> Any:
             # No varying-value checks: each device's gradient of the replicated
@@ -240,7 +248,7 @@ def per_device(
         return run
 
     def grads(r: Any) -> Any:
-        return stacked(r) if first_stage else (stacked(r[0]), r[1])
+        return _stacked(r) if first_stage else (_stacked(r[0]), r[1])
 
     grads_out = rows if first_stage else (rows, rows)
     kept: tuple[int, ...]
@@ -250,7 +258,7 @@ def per_device(
         n, kept = 3, ()
     else:
         # (params, input, output, residuals, cotangent[, sums])
-        fwd = local(forward, 2, (), (rows, rows), lambda r: (r[0], stacked(r[1])))
+        fwd = local(forward, 2, (), (rows, rows), lambda r: (r[0], _stacked(r[1])))
         n, kept = 5, (3,)
     bwd_first = local(first, n, kept, grads_out, grads)
     bwd_acc = local(acc, n + 1, (*kept, n), grads_out, grads)
