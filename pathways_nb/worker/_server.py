@@ -50,7 +50,7 @@ from pathways_nb.wire import (
 from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
-from pathways_nb.worker._hostcopy import to_numpy
+from pathways_nb.worker._hostcopy import from_host, to_numpy
 from pathways_nb.worker._priority import lower_native_threads
 from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
 from pathways_nb.worker._transfer import Assembler, Sender
@@ -412,7 +412,7 @@ class Host:
             mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
             sharding = NamedSharding(mesh, decode_spec(h["spec"]))
             self.store.reserve_check(arr.nbytes)
-            value = jax.device_put(arr, sharding)
+            value = from_host(arr, sharding)
             impl = h.get("key_impl")
             if impl:
                 value = jax.random.wrap_key_data(value, impl=impl)

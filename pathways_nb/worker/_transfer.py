@@ -24,7 +24,7 @@ import zmq
 from pathways_nb._core import ClosedError, RemoteError, decode_spec, local_versions
 from pathways_nb.wire import DealerSocket, connect_dealer, decode, encode, receive
 from pathways_nb.worker._errors import to_remote
-from pathways_nb.worker._hostcopy import Index, host_shards, normalize
+from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
 from pathways_nb.worker._store import Entry
 
 log = logging.getLogger("pathways_nb.worker")
@@ -351,9 +351,7 @@ class Assembler:
             shape = (*shape, *arr.shape[len(shape) :])
         # One call places every device's region; a piece several devices share (a
         # replicated or partly replicated layout) arrived once.
-        value = jax.make_array_from_callback(
-            shape, sharding, lambda index: got[normalize(index or (), shape)]
-        )
+        value = from_regions(shape, arr.dtype, sharding, got)
         if h.get("key_impl"):
             value = jax.random.wrap_key_data(value, impl=h["key_impl"])
         self._done(h, value, None, nbytes)

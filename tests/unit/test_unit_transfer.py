@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, encode_spec
-from pathways_nb.worker._hostcopy import host_shards, normalize, to_numpy
+from pathways_nb.worker._hostcopy import from_host, from_regions, host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._store import Entry
 from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for, shard_indices
@@ -90,6 +90,43 @@ def test_host_copies_of_scalars_and_narrow_dtypes() -> None:
     got = to_numpy(bf)
     assert got.dtype == np.asarray(bf).dtype
     np.testing.assert_array_equal(got, np.asarray(bf))
+
+
+@pytest.mark.parametrize(("shape", "names"), MESHES)
+def test_placing_host_arrays_matches_device_put_for_every_layout(
+    shape: tuple[int, ...], names: tuple[str, ...]
+) -> None:
+    """``from_host`` (a put) and ``from_regions`` (a transfer's destination) place every
+    layout as ``jax.device_put`` does: same values, same sharding, same shard regions."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+    x = np.arange(128, dtype=np.float32).reshape(16, 8)
+    for spec in _specs(names):
+        sh = NamedSharding(mesh, spec)
+        want = jax.device_put(x, sh)
+        regions = {normalize(s.index, x.shape): np.asarray(s.data) for s in want.addressable_shards}
+        for got in (from_host(x, sh), from_regions(x.shape, x.dtype, sh, regions)):
+            assert got.sharding == sh and got.dtype == want.dtype, spec
+            np.testing.assert_array_equal(np.asarray(got), x)
+            for a, b in zip(got.addressable_shards, want.addressable_shards, strict=True):
+                assert a.device == b.device and a.index == b.index, spec
+                np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+
+
+def test_placing_scalars_narrow_and_wide_dtypes() -> None:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    scalar = from_host(np.array(3.5, np.float32), NamedSharding(mesh, P()))
+    assert scalar.shape == () and float(scalar) == 3.5
+    for dtype in (np.bool_, np.int8, jax.numpy.bfloat16):
+        x = np.arange(8).astype(dtype)
+        got = from_host(x, NamedSharding(mesh, P("x")))
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(got), x)
+    # A dtype JAX narrows without x64 (uint64 -> uint32) is placed as device_put does.
+    wide = np.arange(8, dtype=np.uint64)
+    want = jax.device_put(wide, NamedSharding(mesh, P("x")))
+    got = from_host(wide, NamedSharding(mesh, P("x")))
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_index_errors_say_what_does_not_fit() -> None:
