@@ -228,6 +228,15 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
                 str(s): statistics.median(b["per_stage"][s] for b in bubbles) for s in range(STAGES)
             },
             "bubble_theoretical": bubbles[0]["theoretical"],
+            # What the schedule allows for these stages' program times with hops that
+            # take no time, and each stage's busy time: where the bubble comes from.
+            "bubble_scheduled": statistics.median(
+                b["scheduled"] for b in bubbles if b["scheduled"] is not None
+            ),
+            "busy_ms_per_stage": {
+                str(s): 1e3 * statistics.median(b["busy_s"][s] for b in bubbles)
+                for s in range(STAGES)
+            },
         }
         out["bubble_ratio"] = out["bubble_measured"] / out["bubble_theoretical"]
         return out
@@ -244,6 +253,8 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
         "bubble_per_stage": main["bubble_per_stage"],
         "bubble_theoretical": main["bubble_theoretical"],
         "bubble_ratio": main["bubble_ratio"],
+        "bubble_scheduled": main["bubble_scheduled"],
+        "busy_ms_per_stage": main["busy_ms_per_stage"],
         "reduce_grads_every_microbatch": exact,
         "params": {
             "stages": STAGES,

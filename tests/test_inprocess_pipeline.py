@@ -14,7 +14,13 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import pathways_nb as pw
-from pathways_nb.client._pipeline import Op, stage_orders, submission_order, theoretical_bubble
+from pathways_nb.client._pipeline import (
+    Op,
+    scheduled_bubble,
+    stage_orders,
+    submission_order,
+    theoretical_bubble,
+)
 
 
 def layer(p: dict, x: jax.Array) -> jax.Array:
@@ -208,6 +214,29 @@ def test_stages_run_at_the_same_time(four: pw.Client, slices: list[pw.VirtualSli
     bubble = step.bubble(ev)
     assert set(bubble["per_stage"]) == {0, 1, 2, 3}
     assert 0.0 <= bubble["mean"] < 1.0 and bubble["theoretical"] == pytest.approx(3 / 11)
+    # Each stage's busy time is the sum of its programs' (they do not overlap within a
+    # stage), and the schedule with those program times idles less than was measured.
+    for s, busy in bubble["busy_s"].items():
+        assert busy == pytest.approx((1 - bubble["per_stage"][s]) * bubble["span_s"])
+    assert 0.0 <= bubble["scheduled"] <= bubble["mean"] + 1e-9
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_scheduled_bubble_is_the_formula_for_equal_stages_and_more_for_unequal(
+    schedule: str,
+) -> None:
+    for stages, micro in ((4, 8), (3, 5), (2, 4), (1, 3)):
+        orders = stage_orders(stages, micro, schedule)
+        for f, b in ((1.0, 1.0), (1.0, 2.0)):  # a backward often costs two forwards
+            seconds = {
+                (s, k): {"F": f, "B": b, "L": f + b}[k] for s in range(stages) for k in "FBL"
+            }
+            got = scheduled_bubble(orders, seconds)
+            assert got == pytest.approx(theoretical_bubble(stages, micro)), (stages, micro, f, b)
+    orders = stage_orders(4, 8, schedule)
+    seconds = {(s, k): {"F": 1.0, "B": 1.0, "L": 2.0}[k] for s in range(4) for k in "FBL"}
+    seconds[(1, "B")] = 2.0  # one slow stage holds up the others
+    assert scheduled_bubble(orders, seconds) > theoretical_bubble(4, 8) + 0.05
 
 
 def test_schedules_order_each_stage_and_keep_dependencies() -> None:

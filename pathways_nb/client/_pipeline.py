@@ -113,6 +113,33 @@ def theoretical_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
+def scheduled_bubble(orders: list[list[Op]], seconds: dict[tuple[int, str], float]) -> float:
+    """The mean idle fraction of the stages when ``orders`` runs with each program taking
+    ``seconds[(stage, kind)]`` and activations moving between stages in no time.
+
+    The formula of :func:`theoretical_bubble` holds for stages of equal cost; this is
+    what the schedule allows for stages as they are, so the difference between it and
+    a measured bubble is what the hops and dispatch between stages cost.
+    """
+    last = len(orders) - 1
+    end: dict[Op, float] = {}
+    free = [0.0] * len(orders)
+    for op in submission_order(orders):
+        if op.kind == "F":
+            dep = Op("F", op.stage - 1, op.microbatch) if op.stage else None
+        elif op.kind == "L":
+            dep = Op("F", last - 1, op.microbatch) if last else None
+        else:
+            dep = Op("L" if op.stage + 1 == last else "B", op.stage + 1, op.microbatch)
+        start = max(free[op.stage], end[dep] if dep is not None else 0.0)
+        end[op] = free[op.stage] = start + seconds[(op.stage, op.kind)]
+    span = max(free)
+    if span <= 0:
+        return 0.0
+    busy = [sum(seconds[(op.stage, op.kind)] for op in order) for order in orders]
+    return sum(1.0 - b / span for b in busy) / len(orders)
+
+
 class Pipeline:
     """A training step for a model split into stages; made by :func:`pipeline`.
 
@@ -288,35 +315,50 @@ class Pipeline:
 
         ``events`` should hold one step (``client.events(since=t)``). A stage is busy
         while one of its programs runs; the span runs from the first program's start to
-        the last one's end, over all stages.
+        the last one's end, over all stages. Beside the measured ``mean``: ``busy_s``,
+        each stage's busy seconds (an unbalanced model shows here), ``theoretical``,
+        the formula's (S-1)/(M+S-1) for equal stages, and ``scheduled``, the bubble this
+        schedule gives with each stage's median program times and hops that take no
+        time (see :func:`scheduled_bubble`).
         """
         runs = events[events.kind.isin(["start", "end"]) & (events.program != "transfer")]
-        names = {f.name: s for s, f in enumerate(self._fwd)}
-        names |= {f.name: s for s, f in enumerate(self._bwd)}
-        names |= {self._last.name: len(self.stages) - 1}
+        names = {f.name: (s, "F") for s, f in enumerate(self._fwd)}
+        names |= {f.name: (s, "B") for s, f in enumerate(self._bwd)}
+        names |= {self._last.name: (len(self.stages) - 1, "L")}
         spans: dict[int, list[tuple[float, float]]] = {}
+        times: dict[tuple[int, str], list[float]] = {}
         starts: dict[int, float] = {}
         for lid, kind, prog, t in zip(
             runs.lid, runs.kind, runs.program, runs.time.map(lambda v: v.timestamp()), strict=True
         ):
-            s = names.get(prog)
-            if s is None:
+            where = names.get(prog)
+            if where is None:
                 continue
             if kind == "start":
                 starts[lid] = t
             elif lid in starts:
-                spans.setdefault(s, []).append((starts.pop(lid), t))
+                t0 = starts.pop(lid)
+                spans.setdefault(where[0], []).append((t0, t))
+                times.setdefault(where, []).append(t - t0)
         if not spans:
             raise ValueError("no stage programs in these events; pass one step's events")
         t0 = min(a for v in spans.values() for a, _ in v)
         t1 = max(b for v in spans.values() for _, b in v)
-        per_stage = {
-            s: 1.0 - _union(v) / (t1 - t0) if t1 > t0 else 0.0 for s, v in sorted(spans.items())
-        }
+        busy = {s: _union(v) for s, v in sorted(spans.items())}
+        per_stage = {s: 1.0 - b / (t1 - t0) if t1 > t0 else 0.0 for s, b in busy.items()}
+        orders = stage_orders(len(self.stages), self.microbatches, self.schedule)
+        needed = {(op.stage, op.kind) for order in orders for op in order}
+        scheduled = (
+            scheduled_bubble(orders, {k: float(np.median(times[k])) for k in needed})
+            if needed <= times.keys()
+            else None  # a partial step: some program never ran in these events
+        )
         return {
             "per_stage": per_stage,
             "mean": sum(per_stage.values()) / len(per_stage),
+            "busy_s": busy,
             "theoretical": theoretical_bubble(len(self.stages), self.microbatches),
+            "scheduled": scheduled,
             "span_s": t1 - t0,
         }
 
