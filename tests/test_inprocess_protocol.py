@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -105,6 +106,28 @@ def test_oversized_message_is_refused_with_a_reason() -> None:
         sock.close(0)
         with c.client() as client:
             assert client.status().islands.shape[0] == 1
+
+
+def test_closing_a_cluster_closes_its_open_clients(caplog: pytest.LogCaptureFixture) -> None:
+    """Clients share the cluster's ZeroMQ context, whose term() waits for every socket:
+    closing the cluster first closes them, and a put answered after its client left is
+    dropped without an error on the host."""
+    c = pw.InProcessCluster(1, 2)
+    client = c.client()
+    vs = client.allocate({"x": 2})
+    assert np.asarray(vs.put(np.ones(4, np.float32), P("x"))).sum() == 4
+    pending = [vs.put(np.full(4, i, np.float32), P("x")) for i in range(8)]
+    closer = threading.Thread(target=c.close, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="pathways_nb"):
+        closer.start()
+        closer.join(30)
+    assert not closer.is_alive(), "closing the cluster hung on its open client"
+    assert client.closed
+    with pytest.raises(pw.ClosedError, match="client was closed"):
+        np.asarray(pending[-1])
+    with pytest.raises(pw.ClosedError, match="cluster was closed"):
+        c.client()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_version_mismatch_is_refused_naming_the_side_to_upgrade(

@@ -158,7 +158,19 @@ class IOThread:
     def _run(self) -> None:
         last_beat = time.monotonic()
         while not self._stopping.is_set():
-            ready = dict(self._poller.poll(50))
+            try:
+                ready = dict(self._poller.poll(50))
+            except zmq.ContextTerminated:
+                # The context this client shares (an in-process cluster's) was closed
+                # under it: nothing can be sent or received any more.
+                self.broken = "the cluster this client shared a context with was closed"
+                self._fail_all(BrokenError(self.broken))
+                # The context's term() waits for its sockets: close the ones owned here.
+                with self._ctl_lock:
+                    self._ctl.close(0)
+                    for sock in self._hosts.values():
+                        sock.close(0)
+                return
             # Deletions queue without ringing, so drain on every turn, not only when rung.
             self._drain_outbox()
             if self._ctl in ready:

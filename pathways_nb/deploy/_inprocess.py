@@ -7,12 +7,13 @@ the gang scheduler's window counts them together.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jax
 import zmq
 
-from pathways_nb._core import Config
+from pathways_nb._core import ClosedError, Config
 from pathways_nb.controller import Controller
 from pathways_nb.worker import Host
 
@@ -51,6 +52,7 @@ class InProcessCluster:
                 inproc=True,
             )
             self.hosts.append(host.start())
+        self._clients: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
 
     @property
@@ -58,15 +60,23 @@ class InProcessCluster:
         return self.controller.client_address
 
     def client(self, **kwargs: Any) -> Any:
-        """A new client connected to this cluster."""
+        """A new client connected to this cluster; closing the cluster closes it."""
         from pathways_nb.client import Client
 
-        return Client(controller=self.controller_address, context=self.context, **kwargs)
+        if self._closed:
+            raise ClosedError("this in-process cluster was closed; start a new one")
+        client = Client(controller=self.controller_address, context=self.context, **kwargs)
+        self._clients.add(client)
+        return client
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        # Clients first: they share the ZeroMQ context, whose term() waits for every
+        # socket in it to close.
+        for client in list(self._clients):
+            client.close()
         for h in self.hosts:
             h.stop()
         self.controller.stop()

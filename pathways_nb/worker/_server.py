@@ -332,15 +332,15 @@ class Host:
             msg = decode(frames[1:], self.config.max_data_message)
             kind = check(msg.header, _DATA_TYPES)
         except ProtocolError as exc:
-            self._data.send_multipart([identity, *encode(error_header(str(exc)))])
+            self._send_data(identity, encode(error_header(str(exc))))
             return
         h = msg.header
         if kind == "hello":
             self._hello(identity, h)
             return
         if identity not in self._client_ok:
-            self._data.send_multipart(
-                [identity, *encode(error_header("say hello before anything else", h.get("rid")))]
+            self._send_data(
+                identity, encode(error_header("say hello before anything else", h.get("rid")))
             )
             return
         if kind == "put":
@@ -389,11 +389,9 @@ class Host:
         rid = h.get("rid") if isinstance(h.get("rid"), int) else 0
         if why is None:
             self._client_ok.add(identity)
-            self._data.send_multipart([identity, *encode({"t": "welcome", "rid": rid})])
+            self._send_data(identity, encode({"t": "welcome", "rid": rid}))
         else:
-            self._data.send_multipart(
-                [identity, *encode({"t": "refuse", "rid": rid, "reason": why})]
-            )
+            self._send_data(identity, encode({"t": "refuse", "rid": rid, "reason": why}))
 
     def _put(self, identity: bytes, h: dict[str, Any], bufs: list[Any]) -> None:
         rid = h["rid"]
@@ -417,13 +415,11 @@ class Host:
             if impl:
                 value = jax.random.wrap_key_data(value, impl=impl)
             self.store.set(h["handle"], value, arr.nbytes, ("put", ""), ready=True)
-            self._data.send_multipart([identity, *encode({"t": "reply", "rid": rid})])
+            self._send_data(identity, encode({"t": "reply", "rid": rid}))
         except Exception as exc:
             err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
             self.store.fail(h["handle"], err)
-            self._data.send_multipart(
-                [identity, *encode({"t": "failed", "rid": rid, "error": err.to_dict()})]
-            )
+            self._send_data(identity, encode({"t": "failed", "rid": rid, "error": err.to_dict()}))
 
     def _answer(self, identity: bytes, rid: int, kind: str, entry: Entry) -> None:
         """On the fetch pool: wait for the array, then send it (or its error)."""
