@@ -67,6 +67,27 @@ def test_transfers_reshard_by_index_overlap(
     b.release()
 
 
+def test_scalars_and_narrow_dtypes_move_between_slices(client: pw.Client) -> None:
+    """A 0-d array (a loss, a step count) and 1- or 2-byte dtypes arrive as they left."""
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    ident = pw.jit(lambda v: v, slice=b)
+    for value in (
+        np.float32(3.5),
+        np.int32(-7),
+        np.array([True, False, True, True]),
+        np.arange(4, dtype=np.int8),
+        jnp.arange(4, dtype=jnp.bfloat16),
+    ):
+        moved = ident(a.put(value, P()))
+        got = np.asarray(moved)
+        assert moved.shape == got.shape == np.shape(value), value
+        assert got.dtype == np.asarray(value).dtype
+        np.testing.assert_array_equal(got, np.asarray(value))
+    a.release()
+    b.release()
+
+
 def test_a_moved_array_is_sent_once_per_slice_and_sharding(client: pw.Client) -> None:
     a = client.allocate({"x": 2})
     b = client.allocate({"x": 2})

@@ -4,6 +4,7 @@ This package imports nothing else from ``pathways_nb``.
 """
 
 from pathways_nb._core._config import Config, default_config
+from pathways_nb._core._dtypes import as_bytes, decode_dtype, encode_dtype
 from pathways_nb._core._errors import (
     BrokenError,
     BusyError,
@@ -40,9 +41,12 @@ __all__ = [
     "ResourceExhaustedError",
     "VersionMismatchError",
     "Versions",
+    "as_bytes",
+    "decode_dtype",
     "decode_mesh",
     "decode_spec",
     "default_config",
+    "encode_dtype",
     "encode_mesh",
     "encode_spec",
     "handle_owner",

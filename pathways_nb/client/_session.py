@@ -24,6 +24,9 @@ from pathways_nb._core import (
     PathwaysError,
     RemoteError,
     VersionMismatchError,
+    as_bytes,
+    decode_dtype,
+    encode_dtype,
     encode_mesh,
     encode_spec,
     local_versions,
@@ -253,8 +256,11 @@ class Client(ProgramCalls):
                 data = data.astype(np.float32)
             elif data.dtype == np.int64 and not jax.config.read("jax_enable_x64"):
                 data = data.astype(np.int32)
-            if data.dtype.kind not in "biufc":
-                raise TypeError(f"put takes numeric arrays; got dtype {data.dtype}")
+            if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
+                raise TypeError(
+                    f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
+                    f"types included); got dtype {data.dtype}"
+                )
             dtype, shape = data.dtype, data.shape
         vs.check_spec(spec, shape)
         handle = self._ids.next()
@@ -263,7 +269,7 @@ class Client(ProgramCalls):
                 "t": "put",
                 "handle": handle,
                 "shape": list(data.shape),
-                "dtype": data.dtype.str,
+                "dtype": encode_dtype(data.dtype),
                 "spec": encode_spec(spec),
                 "devices": vs.devices,
                 "mesh": encode_mesh(vs.mesh_shape),
@@ -272,7 +278,7 @@ class Client(ProgramCalls):
         self._io.send_batched(
             {"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": data.nbytes}
         )
-        fut = self._io.host_request(vs.data_address, header, [memoryview(data.data).cast("B")])
+        fut = self._io.host_request(vs.data_address, header, [as_bytes(data)])
         fut.add_done_callback(lambda f: self._put_done(f, handle))
         return RemoteArray(
             self, handle, shape, dtype, NamedSharding(vs.abstract_mesh, spec), vs, _LOCAL_LID
@@ -294,7 +300,7 @@ class Client(ProgramCalls):
                 out.append(leaf)
                 continue
             h, bufs = next(replies)
-            shape, dtype = tuple(h["shape"]), np.dtype(h["dtype"])
+            shape, dtype = tuple(h["shape"]), decode_dtype(h["dtype"])
             arr = (
                 np.frombuffer(bufs[0], dtype=dtype).reshape(shape)
                 if bufs

@@ -122,6 +122,13 @@ def from_regions(
     most of a small transfer's cost on the destination host.
     """
     devices, wanted = placement(sharding, shape)
+    for region in wanted:
+        data = regions[region]
+        if data.shape != tuple(b - a for a, b in region):
+            raise ValueError(
+                f"the host array for region {region} of an array of shape {shape} has "
+                f"shape {data.shape}; expected {tuple(b - a for a, b in region)}"
+            )
     dtype = np.dtype(dtype)
     if _batched_device_put is None or jax.dtypes.canonicalize_dtype(dtype) != dtype:
         return jax.make_array_from_callback(

@@ -29,8 +29,11 @@ from pathways_nb._core import (
     RemoteError,
     VersionMismatchError,
     Versions,
+    as_bytes,
+    decode_dtype,
     decode_spec,
     default_config,
+    encode_dtype,
     local_versions,
 )
 from pathways_nb.wire import (
@@ -398,7 +401,7 @@ class Host:
         try:
             if len(bufs) != 1:
                 raise ProtocolError("a put carries exactly one frame of array bytes")
-            dtype = np.dtype(h["dtype"])
+            dtype = decode_dtype(h["dtype"])
             shape = tuple(int(n) for n in h["shape"])
             arr = np.frombuffer(bufs[0], dtype=dtype)
             if arr.size != int(np.prod(shape)):
@@ -438,8 +441,8 @@ class Host:
                 value = jax.random.key_data(value)
             host_arr = to_numpy(value)
             header["shape"] = list(host_arr.shape)
-            header["dtype"] = host_arr.dtype.str
-            self._to_client(identity, header, [memoryview(host_arr.data).cast("B")])
+            header["dtype"] = encode_dtype(host_arr.dtype)
+            self._to_client(identity, header, [as_bytes(host_arr)])
         except Exception as exc:
             program, sname = entry.origin
             err = to_remote(exc, "runtime", program=program, slice=sname, host=self.name)

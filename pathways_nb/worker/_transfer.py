@@ -21,7 +21,15 @@ import jax
 import numpy as np
 import zmq
 
-from pathways_nb._core import ClosedError, RemoteError, decode_spec, local_versions
+from pathways_nb._core import (
+    ClosedError,
+    RemoteError,
+    as_bytes,
+    decode_dtype,
+    decode_spec,
+    encode_dtype,
+    local_versions,
+)
 from pathways_nb.wire import DealerSocket, connect_dealer, decode, encode, receive
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
@@ -261,15 +269,16 @@ class Sender:
         if key_impl:
             base["key_impl"] = key_impl
         for (region, devs), piece in zip(regions, data, strict=True):
-            piece = np.ascontiguousarray(piece)
+            # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+            piece = piece if piece.flags.c_contiguous else piece.copy(order="C")
             header = base | {
                 "pieces": len(regions),
                 "region": [list(r) for r in region],
                 "to": devs,
-                "piece_dtype": piece.dtype.str,
+                "piece_dtype": encode_dtype(piece.dtype),
                 "piece_shape": list(piece.shape),
             }
-            self._deliver(sock, [*encode(header), memoryview(piece.data).cast("B")], copy=False)
+            self._deliver(sock, [*encode(header), as_bytes(piece)], copy=False)
             self.bytes_sent += piece.nbytes
         self.transfers += 1
 
@@ -330,7 +339,7 @@ class Assembler:
             return
         if len(bufs) != 1:
             raise RemoteError("a transfer piece carries exactly one frame", kind="invalid")
-        arr = np.frombuffer(bufs[0], dtype=np.dtype(h["piece_dtype"])).reshape(h["piece_shape"])
+        arr = np.frombuffer(bufs[0], dtype=decode_dtype(h["piece_dtype"])).reshape(h["piece_shape"])
         got = self._partial.setdefault(handle, {})
         got[tuple(tuple(r) for r in h["region"])] = arr
         self._bytes[handle] = self._bytes.get(handle, 0) + arr.nbytes

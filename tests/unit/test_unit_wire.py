@@ -203,3 +203,22 @@ def test_error_header_echoes_only_a_valid_request_id() -> None:
     assert error_header("bad", "4") == {"t": "error", "message": "bad"}
     assert error_header("bad") == {"t": "error", "message": "bad"}
     assert check(error_header("bad", 4)) == "error"
+
+
+def test_dtypes_cross_the_wire_by_code_or_by_ml_dtypes_name() -> None:
+    import jax.numpy as jnp
+
+    from pathways_nb._core import as_bytes, decode_dtype, encode_dtype
+
+    for dtype in (np.float32, np.int64, np.bool_, np.complex64, jnp.bfloat16, jnp.float8_e4m3fn):
+        assert decode_dtype(encode_dtype(dtype)) == np.dtype(dtype)
+    assert encode_dtype(jnp.bfloat16) == "bfloat16"  # not NumPy's "<V2"
+    for bad in ("<V2", "object", "U3", "datetime64[s]", "nonsense", 7):
+        with pytest.raises(ProtocolError, match="not a numeric array type"):
+            decode_dtype(bad)
+    x = np.arange(6, dtype=jnp.bfloat16).reshape(2, 3)
+    frame = as_bytes(x)
+    assert frame.nbytes == x.nbytes and frame.obj.base is not None  # a view, not a copy
+    back = np.frombuffer(frame, dtype=decode_dtype(encode_dtype(x.dtype))).reshape(x.shape)
+    np.testing.assert_array_equal(back, x)
+    assert as_bytes(np.array(1.5, np.float32)).nbytes == 4
