@@ -46,11 +46,17 @@ def test_fetch_of_partly_replicated_layouts_on_a_2d_mesh(client: pw.Client) -> N
     vs.release()
 
 
-def test_float64_input_follows_jax_default_dtype(client: pw.Client) -> None:
+def test_64_bit_inputs_follow_jax_default_dtypes(client: pw.Client) -> None:
+    """Without x64, a put narrows 64-bit types as jax.device_put does, and the remote
+    array says so before anything ran."""
     vs = client.allocate({"data": 2})
-    x = vs.put(np.arange(4.0), P("data"))
-    assert np.dtype(x.dtype) == np.float32
-    np.testing.assert_array_equal(x.fetch(), np.arange(4.0, dtype=np.float32))
+    for value in (np.arange(4.0), np.arange(4), np.arange(4, dtype=np.uint64), np.arange(4) * 1j):
+        want = jax.device_put(value)
+        x = vs.put(value, P("data"))
+        assert np.dtype(x.dtype) == want.dtype, value.dtype
+        got = x.fetch()
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, np.asarray(want))
 
 
 def test_sharded_program_matches_plain_jax(client: pw.Client) -> None:

@@ -252,15 +252,15 @@ class Client(ProgramCalls):
             data = np.asarray(jax.random.key_data(value), order="C")
         else:
             data = np.asarray(value, order="C")
-            if data.dtype == np.float64 and not jax.config.read("jax_enable_x64"):
-                data = data.astype(np.float32)
-            elif data.dtype == np.int64 and not jax.config.read("jax_enable_x64"):
-                data = data.astype(np.int32)
             if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
                 raise TypeError(
                     f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
                     f"types included); got dtype {data.dtype}"
                 )
+            # As jax.device_put does: without x64, 64-bit types become their 32-bit kin.
+            canonical = jax.dtypes.canonicalize_dtype(data.dtype)
+            if canonical != data.dtype:
+                data = data.astype(canonical)
             dtype, shape = data.dtype, data.shape
         vs.check_spec(spec, shape)
         handle = self._ids.next()
