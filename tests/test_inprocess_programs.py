@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,6 +216,61 @@ def test_remote_array_arithmetic_and_indexing(client: pw.Client) -> None:
     np.testing.assert_array_equal(np.asarray(a @ a.T), a_np @ a_np.T)
     assert float(a.mean()) == pytest.approx(a_np.mean())
     assert (a > 5).fetch().tolist() == (a_np > 5).tolist()
+
+
+def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
+    """Methods, ``.at`` updates, ``==``, array indices and iteration give what the same
+    expression gives on a jax.Array, each run as a small program on the slice."""
+    vs = client.allocate({"data": 2})
+    v = np.arange(24, dtype=np.float32).reshape(4, 6) - 7.0
+    x, j = vs.put(v, P("data")), jnp.asarray(v)
+    r = vs.put(np.array([3, 0], np.int32))  # a remote index
+    cases: dict[str, Any] = {
+        "max(axis=1)": lambda t: t.max(axis=1),
+        "min": lambda t: t.min(),
+        "argmax(0)": lambda t: t.argmax(0),
+        "std(ddof=1)": lambda t: t.std(ddof=1),
+        "var(axis=0, keepdims=True)": lambda t: t.var(axis=0, keepdims=True),
+        "ravel": lambda t: t.ravel(),
+        "transpose(1, 0)": lambda t: t.transpose(1, 0),
+        "clip(-2, 5)": lambda t: t.clip(-2, 5),
+        "cumsum(axis=1)": lambda t: t.cumsum(axis=1),
+        "reshape(2, 12)": lambda t: t.reshape(2, 12),
+        "reshape(-1, 3, order='F')": lambda t: t.reshape(-1, 3, order="F"),
+        "sum(dtype=int32)": lambda t: t.sum(dtype=jnp.int32),
+        "[None].squeeze(0)": lambda t: t[None].squeeze(0),
+        "mT": lambda t: t.mT,
+        "== 1": lambda t: t == 1,
+        "!= x": lambda t: t != t[0],
+        "[[2, 0]]": lambda t: t[np.array([2, 0])],
+        "[mask]": lambda t: t[np.array([True, False, False, True])],
+        "[:, mask]": lambda t: t[:, v[0] > -5],
+        "at[1, 2].set(9)": lambda t: t.at[1, 2].set(9.0),
+        "at[[0, 3]].add(np)": lambda t: t.at[np.array([0, 3])].add(np.ones(6, np.float32)),
+        "at[:, 0].multiply(t[:, 1])": lambda t: t.at[:, 0].multiply(t[:, 1]),
+        "at[mask].set(0)": lambda t: t.at[v > 0].set(0.0),
+    }
+    for name, fn in cases.items():
+        got, want = fn(x), fn(j)
+        assert isinstance(got, pw.RemoteArray), name
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, err_msg=name)
+    # An index that lives on the slice travels as an argument: one program for all values.
+    np.testing.assert_array_equal(np.asarray(x[r]), v[[3, 0]])
+    np.testing.assert_array_equal(
+        np.asarray(x.at[r].set(x[r] * 2)),
+        np.asarray(j.at[jnp.array([3, 0])].set(j[jnp.array([3, 0])] * 2)),
+    )
+    rows = list(x)
+    assert len(rows) == 4 and all(row.shape == (6,) for row in rows)
+    np.testing.assert_array_equal(np.stack([np.asarray(row) for row in rows]), v)
+    with pytest.raises(TypeError, match="0-d"):
+        iter(x.sum())
+    assert x in {x} and x is not x.T  # hashed by identity, as the handle it is
+    with pytest.raises(TypeError, match="index takes"):
+        x[{"a": 1}]
+    with pytest.raises(TypeError, match="non-tuple sequence"):  # as jax.Array says
+        x[[1, 1, 3]]
 
 
 def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:

@@ -8,13 +8,20 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import decode_spec, encode_spec
 from pathways_nb.client import _graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
-from pathways_nb.client._remote import RemoteArray, index_key
+from pathways_nb.client._remote import (
+    Dynamic,
+    RemoteArray,
+    fill_index,
+    split_index,
+    static_key,
+)
 from pathways_nb.client._slice import VirtualSlice
 
 if TYPE_CHECKING:
@@ -22,6 +29,8 @@ if TYPE_CHECKING:
     from pathways_nb.client._session import Client
 
 _MAX_OPS = 512
+# jax.Array attributes that are values, not methods.
+_PROPERTIES = frozenset({"mT", "real", "imag"})
 
 
 class ProgramCalls:
@@ -293,8 +302,52 @@ class ProgramCalls:
         return f(*(a for a in args if not isinstance(a, int | float | bool)))
 
     def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
-        key = index_key(index)
-        return self._op(f"getitem[{key}]", lambda a: a[index], x)
+        key, fixed, arrays = split_index(index)
+        return self._op(f"getitem[{key}]", lambda a, *dyn: a[fill_index(fixed, dyn)], x, *arrays)
+
+    def _method(
+        self, x: RemoteArray, name: str, at: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``x.name(*args, **kwargs)`` (``x.at[at].name(...)`` when ``at`` is given) as a
+        small program on x's slice. Arrays among the arguments (RemoteArrays, NumPy
+        arrays) are its arguments; everything else is fixed in the program."""
+        key, fixed_at, found = split_index(at) if at is not None else ("", None, [])
+        arrays: list[Any] = list(found)
+
+        def place(v: Any) -> Any:
+            if isinstance(v, RemoteArray) or (
+                isinstance(v, np.ndarray | jax.Array) and np.ndim(v) > 0
+            ):
+                arrays.append(v)
+                return Dynamic(len(arrays) - 1)
+            return v
+
+        fixed_args = [place(a) for a in args]
+        fixed_kwargs = {k: place(v) for k, v in kwargs.items()}
+        try:
+            shown = [
+                f"arg{a.position}" if isinstance(a, Dynamic) else static_key(a) for a in fixed_args
+            ] + [
+                f"{k}={f'arg{v.position}' if isinstance(v, Dynamic) else static_key(v)}"
+                for k, v in sorted(fixed_kwargs.items())
+            ]
+        except TypeError as exc:
+            raise TypeError(f"RemoteArray.{name}: {exc}") from None
+
+        def fn(a: Any, *dyn: Any) -> Any:
+            def fill(v: Any) -> Any:
+                return dyn[v.position] if isinstance(v, Dynamic) else v
+
+            full = [fill(v) for v in fixed_args]
+            named = {k: fill(v) for k, v in fixed_kwargs.items()}
+            if at is not None:
+                return getattr(a.at[fill_index(fixed_at, dyn)], name)(*full, **named)
+            if name in _PROPERTIES:
+                return getattr(a, name)
+            return getattr(a, name)(*full, **named)
+
+        where = f"at[{key}]." if at is not None else ""
+        return self._op(f"{where}{name}({','.join(shown)})", fn, x, *arrays)
 
 
 def _moved_spec(x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> PartitionSpec:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -163,23 +164,144 @@ class RemoteArray:
     def __getitem__(self, index: Any) -> RemoteArray:
         return self._client._index(self, index)
 
+    def __iter__(self) -> Iterator[RemoteArray]:
+        # As a jax.Array iterates: over the first axis. One program makes every row
+        # (indexing row by row would trace a program per row, and out-of-range indices
+        # clamp in JAX, so Python's fallback iteration would never stop).
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        return iter(self._client._op("rows", _rows, self))
+
     @property
     def T(self) -> RemoteArray:
         return self._client._op("transpose", _transpose, self)
 
+    @property
+    def mT(self) -> RemoteArray:
+        return self._client._method(self, "mT", None, (), {})
+
+    @property
+    def real(self) -> RemoteArray:
+        return self._client._method(self, "real", None, (), {})
+
+    @property
+    def imag(self) -> RemoteArray:
+        return self._client._method(self, "imag", None, (), {})
+
+    @property
+    def at(self) -> _At:
+        """``x.at[index].set(v)`` (and ``add``, ``multiply``, ``divide``, ``power``,
+        ``min``, ``max``, ``get``), as ``jax.Array.at``: a new array, on this slice."""
+        return _At(self)
+
     def astype(self, dtype: Any) -> RemoteArray:
         return self._client._op(f"astype[{np.dtype(dtype).name}]", _astype(np.dtype(dtype)), self)
 
-    def sum(self, axis: Any = None) -> RemoteArray:
-        return self._client._op(f"sum[{axis}]", _reduce("sum", axis), self)
-
-    def mean(self, axis: Any = None) -> RemoteArray:
-        return self._client._op(f"mean[{axis}]", _reduce("mean", axis), self)
-
-    def reshape(self, *shape: Any) -> RemoteArray:
+    def reshape(self, *shape: Any, **kwargs: Any) -> RemoteArray:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        return self._client._op(f"reshape{shape}", _reshape(tuple(shape)), self)
+        return self._client._method(self, "reshape", None, (tuple(shape),), kwargs)
+
+    def __eq__(self, other: Any) -> Any:
+        return self._client._op("eq", operator.eq, self, other)
+
+    def __ne__(self, other: Any) -> Any:
+        return self._client._op("ne", operator.ne, self, other)
+
+    # Elementwise ==, as on a jax.Array; the handle itself is what identifies the array.
+    __hash__ = object.__hash__
+
+
+def _method(name: str) -> Callable[..., Any]:
+    def method(self: RemoteArray, *args: Any, **kwargs: Any) -> Any:
+        return self._client._method(self, name, None, args, kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"``jax.Array.{name}``, run as a small program on the array's slice."
+    return method
+
+
+# jax.Array methods that make arrays from arrays: each runs as a small program on the
+# array's slice, with its other arguments fixed in the program (RemoteArrays travel).
+METHODS = (
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "argsort",
+    "clip",
+    "conj",
+    "cumprod",
+    "cumsum",
+    "diagonal",
+    "dot",
+    "flatten",
+    "max",
+    "mean",
+    "min",
+    "prod",
+    "ravel",
+    "repeat",
+    "round",
+    "sort",
+    "squeeze",
+    "std",
+    "sum",
+    "swapaxes",
+    "take",
+    "trace",
+    "transpose",
+    "var",
+)
+for _m in METHODS:
+    setattr(RemoteArray, _m, _method(_m))
+
+
+class _At:
+    """``RemoteArray.at``: indexed updates, each a new array made on the slice."""
+
+    __slots__ = ("_x",)
+
+    def __init__(self, x: RemoteArray) -> None:
+        self._x = x
+
+    def __getitem__(self, index: Any) -> _AtIndex:
+        return _AtIndex(self._x, index)
+
+
+class _AtIndex:
+    __slots__ = ("_index", "_x")
+
+    def __init__(self, x: RemoteArray, index: Any) -> None:
+        self._x = x
+        self._index = index
+
+    def _update(self, how: str, *args: Any, **kwargs: Any) -> RemoteArray:
+        return self._x._client._method(self._x, how, self._index, args, kwargs)
+
+    def set(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("set", values, **kwargs)
+
+    def add(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("add", values, **kwargs)
+
+    def multiply(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("multiply", values, **kwargs)
+
+    def divide(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("divide", values, **kwargs)
+
+    def power(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("power", values, **kwargs)
+
+    def min(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("min", values, **kwargs)
+
+    def max(self, values: Any, **kwargs: Any) -> RemoteArray:
+        return self._update("max", values, **kwargs)
+
+    def get(self, **kwargs: Any) -> RemoteArray:
+        return self._update("get", **kwargs)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -194,20 +316,16 @@ def _is_numpy_dtype(dtype: Any) -> bool:
         return False
 
 
+def _rows(x: Any) -> tuple[Any, ...]:
+    return tuple(x[i] for i in range(x.shape[0]))
+
+
 def _transpose(x: Any) -> Any:
     return x.T
 
 
 def _astype(dtype: np.dtype[Any]) -> Callable[[Any], Any]:
     return lambda x: x.astype(dtype)
-
-
-def _reduce(name: str, axis: Any) -> Callable[[Any], Any]:
-    return lambda x: getattr(x, name)(axis=axis)
-
-
-def _reshape(shape: tuple[int, ...]) -> Callable[[Any], Any]:
-    return lambda x: x.reshape(shape)
 
 
 def _binary(op: Callable[[Any, Any], Any], name: str, reflected: bool) -> Callable[..., Any]:
@@ -262,18 +380,64 @@ for _name, _fn in _UNARY.items():
     setattr(RemoteArray, f"__{_name}__", _unary(_fn, _name))
 
 
-def index_key(idx: Any) -> str:
-    """A stable text key for a static index; anything dynamic is refused with advice."""
-    parts = idx if isinstance(idx, tuple) else (idx,)
-    out = []
+def static_key(value: Any) -> str:
+    """A stable text key for a value fixed in a small program (an index, an axis, a
+    shape, a NumPy array by its contents); TypeError for what cannot be one."""
+    if value is None or value is Ellipsis or isinstance(value, bool | int | float | str):
+        return repr(value)
+    if isinstance(value, slice):
+        return f"{static_key(value.start)}:{static_key(value.stop)}:{static_key(value.step)}"
+    if isinstance(value, tuple | list):
+        inner = ",".join(static_key(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"a {arr.dtype} array cannot be fixed in a program")
+        digest = hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()[:16]
+        return f"array{arr.dtype.str}{arr.shape}{digest}"
+    if isinstance(value, np.dtype | type):
+        return np.dtype(value).name
+    raise TypeError(f"a {type(value).__name__} cannot be fixed in a program")
+
+
+def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
+    """An index as (key, the index with each RemoteArray in it replaced by its position
+    among the returned arrays, those arrays). NumPy arrays stay in the index (fixed in
+    the program by their contents); RemoteArrays are its arguments."""
+    parts = index if isinstance(index, tuple) else (index,)
+    arrays: list[RemoteArray] = []
+    fixed: list[Any] = []
+    keys: list[str] = []
     for p in parts:
-        if isinstance(p, slice):
-            out.append(f"{p.start}:{p.stop}:{p.step}")
-        elif p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool)):
-            out.append(repr(p))
-        else:
+        if isinstance(p, RemoteArray):
+            fixed.append(Dynamic(len(arrays)))
+            keys.append(f"remote{len(arrays)}")
+            arrays.append(p)
+            continue
+        try:
+            keys.append(static_key(p))
+        except TypeError:
             raise TypeError(
-                "RemoteArray indexing takes ints, slices, None and Ellipsis (static indices); "
-                f"got {type(p).__name__}. Index inside a pw.jit function for dynamic indices."
-            )
-    return ",".join(out)
+                "a RemoteArray index takes ints, slices, None, Ellipsis, NumPy arrays of "
+                f"ints or bools, and RemoteArrays; got {type(p).__name__}"
+            ) from None
+        fixed.append(p)
+    rebuilt: Any = tuple(fixed) if isinstance(index, tuple) else fixed[0]
+    return ",".join(keys), rebuilt, arrays
+
+
+class Dynamic:
+    """A RemoteArray's place in an index, filled with its value inside the program."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+
+def fill_index(index: Any, values: Sequence[Any]) -> Any:
+    """``index`` with each :class:`Dynamic` place filled from ``values``."""
+    if isinstance(index, tuple):
+        return tuple(values[p.position] if isinstance(p, Dynamic) else p for p in index)
+    return values[index.position] if isinstance(index, Dynamic) else index
