@@ -218,6 +218,28 @@ def test_remote_array_arithmetic_and_indexing(client: pw.Client) -> None:
     assert (a > 5).fetch().tolist() == (a_np > 5).tolist()
 
 
+def test_python_numbers_are_weakly_typed_arguments_as_in_jax_jit(client: pw.Client) -> None:
+    """A Python number passed to a program takes the dtype of the arrays it meets (a
+    float16 array times 2.0 stays float16), and a new value runs the same program."""
+    vs = client.allocate({"data": 2})
+
+    @pw.jit
+    def scale(t: jax.Array, s: Any) -> jax.Array:
+        return t * s
+
+    cases = [(np.ones(4, np.float16), 2.5), (np.ones(4, np.int8), 3), (np.ones(4, np.float32), 2)]
+    for value, number in cases:
+        got = scale(vs.put(value, P("data")), number)
+        want = jax.jit(lambda t, s: t * s)(value, number)
+        assert got.dtype == want.dtype, (value.dtype, number)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    x = vs.put(np.ones(4, np.float16), P("data"))
+    programs = len(scale._programs)
+    for lr in (0.1, 0.01, 0.001):
+        np.testing.assert_allclose(np.asarray(scale(x, lr)), np.float16(lr), rtol=1e-3)
+    assert len(scale._programs) == programs  # one program for every value of lr
+
+
 def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     """Methods, ``.at`` updates, ``==``, array indices and iteration give what the same
     expression gives on a jax.Array, each run as a small program on the slice."""

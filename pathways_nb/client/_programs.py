@@ -74,7 +74,10 @@ class ProgramCalls:
         key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
         prog = f._programs.get(key)
         if prog is None:
-            avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
+            avals = [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding, weak_type=a.weak_type)
+                for a in arrays
+            ]
             prog = f._trace(vs, treedef, avals, static, donate)
             if rec is not None and rec.tracing:
                 return self._trace_only(f, prog, vs, arrays, rec)  # not sent, not cached
@@ -153,8 +156,15 @@ class ProgramCalls:
         """``x`` as a RemoteArray on ``vs``: put if it is local, moved if it lives elsewhere."""
         if not isinstance(x, RemoteArray):
             if rec is not None and rec.tracing:
-                return rec.put(vs, x, spec or PartitionSpec())
-            return self._put(vs, x, spec or PartitionSpec())
+                put = rec.put(vs, x, spec or PartitionSpec())
+            else:
+                put = self._put(vs, x, spec or PartitionSpec())
+            if type(x) in (int, float, complex):
+                # jax.jit traces a Python number as a weakly typed scalar: it takes the
+                # dtype of the arrays it meets instead of promoting them.
+                put.weak_type = True
+                put._sig = (*put._sig, "weak")
+            return put
         x._check_usable()
         if x.slice is vs:
             return x

@@ -40,6 +40,7 @@ class RemoteArray:
         "shape",
         "sharding",
         "slice",
+        "weak_type",
     )
 
     __array_priority__ = 100
@@ -65,8 +66,11 @@ class RemoteArray:
         self._ready = False  # known computed (a fetch or wait returned)
         # Copies moved to other slices, by (slice id, PartitionSpec); made on first use.
         self._copies: dict[Any, RemoteArray] | None = None
+        # A Python scalar passed to a program: typed as jax.jit types one (weakly), so
+        # `x_f16 * 2.0` stays float16. Set by the client right after it puts the value.
+        self.weak_type = False
         # What pw.jit's program cache keys on; computed once.
-        self._sig = (self.shape, dtype, sharding.spec)
+        self._sig: tuple[Any, ...] = (self.shape, dtype, sharding.spec)
 
     # metadata -------------------------------------------------------------------------
     @property
