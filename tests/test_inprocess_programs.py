@@ -61,6 +61,14 @@ def test_64_bit_inputs_follow_jax_default_dtypes(client: pw.Client) -> None:
         np.testing.assert_array_equal(got, np.asarray(want))
 
 
+def test_put_refuses_what_no_program_could_take(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    with pytest.raises(TypeError, match=r"sub-byte dtypes such as int4.*as int8"):
+        vs.put(np.arange(4).astype(jnp.int4), P("data"))
+    with pytest.raises(TypeError, match="numeric or boolean arrays"):
+        vs.put(np.array(["a", "b"]), P())
+
+
 def test_sharded_program_matches_plain_jax(client: pw.Client) -> None:
     vs = client.allocate({"data": 4})
     rng = np.random.default_rng(1)

@@ -257,6 +257,12 @@ class Client(ProgramCalls):
                     f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
                     f"types included); got dtype {data.dtype}"
                 )
+            if jax.dtypes.itemsize_bits(data.dtype) < 8:
+                raise TypeError(
+                    f"put does not take sub-byte dtypes such as {data.dtype}: a program "
+                    "exported for the hosts cannot take them as arguments. Put the values "
+                    "as int8 (or uint8) and convert inside the program."
+                )
             # As jax.device_put does: without x64, 64-bit types become their 32-bit kin.
             canonical = jax.dtypes.canonicalize_dtype(data.dtype)
             if canonical != data.dtype:
