@@ -1,10 +1,11 @@
 """Host-to-host transfers: the source sends each destination shard's region, cut from its
 own shards by index overlap; the destination assembles the array on its devices.
 
-No byte passes through the controller or the client. A piece is one data-plane message
-(``xfer``) that describes itself fully (shape, dtype, destination sharding, which
-destination devices take it), so pieces may arrive before or after the ``recv`` the
-destination's gang scheduler orders.
+No byte passes through the controller or the client. The pieces of an array (one frame
+per distinct destination region) travel in one data-plane message (``xfer``) that
+describes itself fully (shape, dtype, destination sharding, each piece's region), so it
+may arrive before or after the ``recv`` the destination's gang scheduler orders. The
+destination also accepts an array's pieces spread over several such messages.
 """
 
 from __future__ import annotations
@@ -268,18 +269,18 @@ class Sender:
             return
         if key_impl:
             base["key_impl"] = key_impl
-        for (region, devs), piece in zip(regions, data, strict=True):
-            # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
-            piece = piece if piece.flags.c_contiguous else piece.copy(order="C")
-            header = base | {
-                "pieces": len(regions),
-                "region": [list(r) for r in region],
-                "to": devs,
-                "piece_dtype": encode_dtype(piece.dtype),
-                "piece_shape": list(piece.shape),
-            }
-            self._deliver(sock, [*encode(header), as_bytes(piece)], copy=False)
-            self.bytes_sent += piece.nbytes
+        # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+        pieces = [p if p.flags.c_contiguous else p.copy(order="C") for p in data]
+        # Every piece in one message: one send here and one arrival there, however many
+        # destination regions the array has.
+        header = base | {
+            "pieces": len(pieces),
+            "regions": [[list(r) for r in region] for region, _ in regions],
+            "piece_dtype": encode_dtype(pieces[0].dtype),
+            "piece_shapes": [list(p.shape) for p in pieces],
+        }
+        self._deliver(sock, [*encode(header), *(as_bytes(p) for p in pieces)], copy=False)
+        self.bytes_sent += sum(p.nbytes for p in pieces)
         self.transfers += 1
 
     def _prepare(
@@ -337,12 +338,24 @@ class Assembler:
             nbytes = self._bytes.pop(handle, 0)
             self._done(h, None, RemoteError.from_dict(h["error"]), nbytes)
             return
-        if len(bufs) != 1:
-            raise RemoteError("a transfer piece carries exactly one frame", kind="invalid")
-        arr = np.frombuffer(bufs[0], dtype=decode_dtype(h["piece_dtype"])).reshape(h["piece_shape"])
+        regions, shapes = h.get("regions"), h.get("piece_shapes")
+        if (
+            not bufs
+            or not isinstance(regions, list)
+            or not isinstance(shapes, list)
+            or not len(regions) == len(shapes) == len(bufs)
+        ):
+            raise RemoteError(
+                "a transfer message carries one frame per region it lists; got "
+                f"{len(bufs)} frames for {regions!r}",
+                kind="invalid",
+            )
+        dtype = decode_dtype(h["piece_dtype"])
         got = self._partial.setdefault(handle, {})
-        got[tuple(tuple(r) for r in h["region"])] = arr
-        self._bytes[handle] = self._bytes.get(handle, 0) + arr.nbytes
+        for region, shape, buf in zip(regions, shapes, bufs, strict=True):
+            arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+            got[tuple(tuple(r) for r in region)] = arr
+            self._bytes[handle] = self._bytes.get(handle, 0) + arr.nbytes
         if len(got) < int(h["pieces"]):
             return  # more pieces to come
         del self._partial[handle]

@@ -176,23 +176,32 @@ def test_assembler_places_pieces_and_reuses_one_sharding_per_layout() -> None:
     )
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
     base = {"shape": [8, 8], "spec": [["x"]], "devices": [4, 5], "mesh": [["x", 2]]}
-    for handle in (1, 2):
-        for lo in (0, 4):
-            piece = np.ascontiguousarray(x[lo : lo + 4])
-            h = base | {
-                "handle": handle,
-                "pieces": 2,
-                "region": [[lo, lo + 4], [0, 8]],
-                "piece_dtype": piece.dtype.str,
-                "piece_shape": list(piece.shape),
-            }
-            asm.piece(h, [piece.data])
+    halves = [np.ascontiguousarray(x[lo : lo + 4]) for lo in (0, 4)]
+    regions = [[[0, 4], [0, 8]], [[4, 8], [0, 8]]]
+
+    def message(handle: int, which: list[int]) -> dict[str, Any]:
+        return base | {
+            "handle": handle,
+            "pieces": 2,
+            "regions": [regions[i] for i in which],
+            "piece_dtype": "<f4",
+            "piece_shapes": [[4, 8] for _ in which],
+        }
+
+    # Both pieces in one message, as senders send them; then spread over two.
+    asm.piece(message(1, [0, 1]), [halves[0].data, halves[1].data])
+    asm.piece(message(2, [1]), [halves[1].data])
+    assert [d[0] for d in done] == [1]
+    asm.piece(message(2, [0]), [halves[0].data])
     assert [d[0] for d in done] == [1, 2]
     (_, a, err_a, nbytes), (_, b, _, _) = done
     assert err_a is None and nbytes == x.nbytes
     np.testing.assert_array_equal(np.asarray(a), x)
     assert {d.id for d in a.devices()} == {4, 5}
     assert a.sharding is b.sharding
+    np.testing.assert_array_equal(np.asarray(b), x)
+    with pytest.raises(RemoteError, match="one frame per region"):
+        asm.piece(message(3, [0, 1]), [halves[0].data])
 
 
 def test_a_sender_stops_while_a_transfer_waits_on_a_closed_host() -> None:
