@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import jax
@@ -301,6 +302,17 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         x[{"a": 1}]
     with pytest.raises(TypeError, match="non-tuple sequence"):  # as jax.Array says
         x[[1, 1, 3]]
+    # Python scalars from one-element arrays; anything else refused as jax.Array refuses it.
+    n = vs.put(np.int32(3))
+    assert list(range(n)) == [0, 1, 2] and int(n) == 3 and float(x[0, 1]) == v[0, 1]
+    assert complex(x[1, 1]) == complex(v[1, 1]) and bool(x[1, 1] > 0) == bool(v[1, 1] > 0)
+    for convert in (int, float, complex, operator.index):
+        with pytest.raises(TypeError, match="Only"):
+            convert(x)
+    with pytest.raises(TypeError, match="integer scalar"):
+        operator.index(x[0, 0])
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(x)
 
 
 def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:

@@ -134,13 +134,35 @@ class RemoteArray:
     def item(self) -> Any:
         return np.asarray(self).item()
 
+    # Conversions to Python scalars fetch the value; arrays that cannot convert are
+    # refused as a jax.Array refuses them, before anything is fetched.
+    def _scalar(self) -> np.ndarray:
+        if self.ndim:
+            raise TypeError(
+                f"Only scalar arrays can be converted to Python scalars; got arr.ndim={self.ndim}"
+            )
+        return np.asarray(self)
+
     def __float__(self) -> float:
-        return float(np.asarray(self))
+        return float(self._scalar())
 
     def __int__(self) -> int:
-        return int(np.asarray(self))
+        return int(self._scalar())
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar())
+
+    def __index__(self) -> int:
+        if not (_is_numpy_dtype(self.dtype) and np.dtype(self.dtype).kind in "iu"):
+            raise TypeError("Only integer scalar arrays can be converted to a scalar index.")
+        return int(self._scalar())
 
     def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ValueError(
+                "The truth value of an array with more than one element is ambiguous. "
+                "Use a.any() or a.all()"
+            )
         return bool(np.asarray(self))
 
     def delete(self) -> None:
