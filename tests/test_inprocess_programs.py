@@ -269,6 +269,7 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "reshape(2, 12)": lambda t: t.reshape(2, 12),
         "reshape(-1, 3, order='F')": lambda t: t.reshape(-1, 3, order="F"),
         "sum(dtype=int32)": lambda t: t.sum(dtype=jnp.int32),
+        "mean(dtype=np.float32)": lambda t: t.mean(dtype=np.float32),
         "[None].squeeze(0)": lambda t: t[None].squeeze(0),
         "mT": lambda t: t.mT,
         "== 1": lambda t: t == 1,

@@ -416,14 +416,15 @@ def static_key(value: Any) -> str:
     if isinstance(value, tuple | list):
         inner = ",".join(static_key(v) for v in value)
         return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    # Before arrays: NumPy's scalar types (np.float32) have an __array__ attribute too.
+    if isinstance(value, np.dtype | type):
+        return np.dtype(value).name
     if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
         arr = np.asarray(value)
         if arr.dtype.kind not in "biuf":
             raise TypeError(f"a {arr.dtype} array cannot be fixed in a program")
         digest = hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()[:16]
         return f"array{arr.dtype.str}{arr.shape}{digest}"
-    if isinstance(value, np.dtype | type):
-        return np.dtype(value).name
     raise TypeError(f"a {type(value).__name__} cannot be fixed in a program")
 
 
