@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 _MAX_OPS = 512
 # jax.Array attributes that are values, not methods.
-_PROPERTIES = frozenset({"mT", "real", "imag"})
+_PROPERTIES = frozenset({"T", "mT", "real", "imag"})
 
 
 class ProgramCalls:
@@ -357,7 +357,8 @@ class ProgramCalls:
             return getattr(a, name)(*full, **named)
 
         where = f"at[{key}]." if at is not None else ""
-        return self._op(f"{where}{name}({','.join(shown)})", fn, x, *arrays)
+        call = "" if name in _PROPERTIES else f"({','.join(shown)})"
+        return self._op(f"{where}{name}{call}", fn, x, *arrays)
 
 
 def _moved_spec(x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> PartitionSpec:

@@ -200,7 +200,7 @@ class RemoteArray:
 
     @property
     def T(self) -> RemoteArray:
-        return self._client._op("transpose", _transpose, self)
+        return self._client._method(self, "T", None, (), {})
 
     @property
     def mT(self) -> RemoteArray:
@@ -221,7 +221,7 @@ class RemoteArray:
         return _At(self)
 
     def astype(self, dtype: Any) -> RemoteArray:
-        return self._client._op(f"astype[{np.dtype(dtype).name}]", _astype(np.dtype(dtype)), self)
+        return self._client._method(self, "astype", None, (np.dtype(dtype),), {})
 
     def reshape(self, *shape: Any, **kwargs: Any) -> RemoteArray:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -344,14 +344,6 @@ def _is_numpy_dtype(dtype: Any) -> bool:
 
 def _rows(x: Any) -> tuple[Any, ...]:
     return tuple(x[i] for i in range(x.shape[0]))
-
-
-def _transpose(x: Any) -> Any:
-    return x.T
-
-
-def _astype(dtype: np.dtype[Any]) -> Callable[[Any], Any]:
-    return lambda x: x.astype(dtype)
 
 
 def _binary(op: Callable[[Any, Any], Any], name: str, reflected: bool) -> Callable[..., Any]:
