@@ -79,18 +79,25 @@ def stage_orders(stages: int, microbatches: int, schedule: str) -> list[list[Op]
     return orders
 
 
+def _depends_on(op: Op, last: int) -> Op | None:
+    """The one step whose output ``op`` takes (None for the first stage's forwards):
+    a forward the previous stage's forward, the last stage that stage's forward, a
+    backward the next stage's backward (or the last stage's fused step)."""
+    if op.kind == "F":
+        return Op("F", op.stage - 1, op.microbatch) if op.stage else None
+    if op.kind == "L":
+        return Op("F", last - 1, op.microbatch) if last else None
+    return Op("L" if op.stage + 1 == last else "B", op.stage + 1, op.microbatch)
+
+
 def submission_order(orders: list[list[Op]]) -> list[Op]:
     """One global order that keeps every stage's order and every data dependency."""
     last = len(orders) - 1
     done: set[Op] = set()
 
     def ready(op: Op) -> bool:
-        if op.kind == "F":
-            return op.stage == 0 or Op("F", op.stage - 1, op.microbatch) in done
-        if op.kind == "L":
-            return last == 0 or Op("F", last - 1, op.microbatch) in done
-        nxt = "L" if op.stage + 1 == last else "B"
-        return Op(nxt, op.stage + 1, op.microbatch) in done
+        dep = _depends_on(op, last)
+        return dep is None or dep in done
 
     out: list[Op] = []
     pos = [0] * len(orders)
@@ -125,12 +132,7 @@ def scheduled_bubble(orders: list[list[Op]], seconds: dict[tuple[int, str], floa
     end: dict[Op, float] = {}
     free = [0.0] * len(orders)
     for op in submission_order(orders):
-        if op.kind == "F":
-            dep = Op("F", op.stage - 1, op.microbatch) if op.stage else None
-        elif op.kind == "L":
-            dep = Op("F", last - 1, op.microbatch) if last else None
-        else:
-            dep = Op("L" if op.stage + 1 == last else "B", op.stage + 1, op.microbatch)
+        dep = _depends_on(op, last)
         start = max(free[op.stage], end[dep] if dep is not None else 0.0)
         end[op] = free[op.stage] = start + seconds[(op.stage, op.kind)]
     span = max(free)
