@@ -87,6 +87,11 @@ class Completions:
             while self._in_xla >= self.window:
                 self._room.wait(0.1)
 
+    def has_room(self) -> bool:
+        """Whether XLA holds fewer launches than the window (a hint: room only grows
+        meanwhile, as other threads see launches finish)."""
+        return self._in_xla < self.window
+
     def failed(self, item: Done) -> None:
         """A launch that failed before XLA ran it: acknowledged in order with the rest."""
         self._done.put(item)

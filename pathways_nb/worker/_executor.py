@@ -1,6 +1,7 @@
 """The executor: one dispatch thread launches programs in the gang scheduler's order (or
-the socket thread does, inline, when nothing is queued before them); their completions
-are recorded by :mod:`pathways_nb.worker._completion`.
+the socket thread does, inline, when nothing is queued before them, and when an array it
+stored lets parked work go); their completions are recorded by
+:mod:`pathways_nb.worker._completion`.
 
 Shutdown order: stop() puts a sentinel on the dispatch queue; the dispatch thread passes
 it to the completion thread after draining; both are joined.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -80,6 +80,9 @@ class Executor:
         # Work waiting for inputs (see _parking); _retry is set when one may have arrived.
         self._lot = ParkingLot()
         self._retry = False
+        # The host's socket thread, and whether an arrival it stored woke parked work.
+        self._inline_ident = -1
+        self._inline_due = False
         store.on_arrival = self._wake_parked
         # Source arrays a send still reads: a launch may not donate them meanwhile.
         self._sending: collections.Counter[int] = collections.Counter()
@@ -118,39 +121,87 @@ class Executor:
     def submit(self, kind: str, body: Any) -> None:
         """Queue a work item; called by the host's socket thread.
 
-        When nothing is queued, running or parked before it, a ``run`` whose program is
-        compiled and whose inputs are all here runs at once on the calling thread, and a
-        ``send`` whose source is here, a ``recv`` or a ``drop`` is done at once: that
-        saves a thread hand-off per item and keeps the order, which only this thread feeds.
+        When nothing is queued or running before it, the item is done at once on the
+        calling thread if that is cheap and never waits: a ``run`` whose program is
+        compiled (parked if its inputs are absent), a ``send`` (parked if its source is
+        absent), a ``recv`` or a ``drop``. That saves a thread hand-off per item and
+        keeps the order, which only this thread feeds.
         """
-        now: Callable[[], None] | None = None
         if kind == "run":
             self.completions.received += 1
-            ready = self._runnable_now(body)
-            if ready is not None:
-                now = functools.partial(self._run_planned, body, *ready)
-        elif kind == "send":
-            if self.store.get(body["src"]) is not None:
-                now = functools.partial(self._do_send, body)
-        elif kind in ("recv", "drop"):
-            now = functools.partial(getattr(self, f"_do_{kind}"), body)
-        if now is not None:
-            with self._cv:
-                inline = not self._pending and not self._busy and not self._lot
-                if inline:
-                    self._busy = True
+        with self._cv:
+            inline = not self._pending and not self._busy
             if inline:
-                try:
-                    now()
-                finally:
-                    with self._cv:
-                        self._busy = False
-                        if self._pending:
-                            self._cv.notify()
+                self._busy = True
+        if inline:
+            try:
+                done = self._try_now(kind, body)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    if self._pending or self._retry:
+                        self._cv.notify()
+            if done:
                 return
         with self._cv:
             self._pending.append((kind, body))
             self._cv.notify()
+
+    def _try_now(self, kind: str, body: Any) -> bool:
+        """Do a work item on the socket thread if it is cheap and cannot block it;
+        False leaves it to the dispatch thread. The caller holds ``_busy``."""
+        if kind == "run":
+            if not self._can_inline(body):
+                return False
+            if not self._lot:
+                entries = self.store.get_many(body["ins"])
+                if entries is not None:
+                    self._run_planned(body, self._plans[_run_key(body)], entries)
+                    return True
+            self._handle(kind, body)
+        elif kind in ("send", "drop"):
+            self._handle(kind, body)
+        elif kind == "recv":
+            self._do_recv(body)
+        else:
+            return False
+        return True
+
+    def _can_inline(self, h: dict[str, Any]) -> bool:
+        """Whether a launch may run on the socket thread: compiled already, no injected
+        fault to take, and room in XLA's window (so the thread never waits for it)."""
+        return not self._faults and _run_key(h) in self._plans and self.completions.has_room()
+
+    def serve_inline_from_this_thread(self) -> None:
+        """Called once by the host's socket thread: arrivals it stores resume parked work
+        on it (see :meth:`resume_due`) instead of waking the dispatch thread."""
+        self._inline_ident = threading.get_ident()
+
+    def resume_due(self) -> None:
+        """Resume parked work that arrivals stored on this (the socket) thread woke, here
+        and now when the executor is idle; otherwise wake the dispatch thread for it.
+        Called by the socket thread after each batch of messages. Saves a thread
+        hand-off between an array's arrival and the launch that waited for it."""
+        if not self._inline_due:
+            return
+        with self._cv:
+            self._inline_due = False
+            if not self._retry:
+                return  # the dispatch thread took it meanwhile
+            if self._busy or self._pending:
+                self._cv.notify()
+                return
+            self._busy = True
+            self._retry = False
+        try:
+            self._resume_parked(inline=True)
+        except Exception:
+            log.exception("host %s failed resuming parked work", self.host)
+        finally:
+            with self._cv:
+                self._busy = False
+                if self._pending or self._retry:
+                    self._cv.notify()
 
     def cancel_runs(self, tenant: int, message: str) -> int:
         """Drop the tenant's launches that wait in this host's queue; they fail as cancelled.
@@ -230,15 +281,27 @@ class Executor:
                 with self._cv:
                     self._busy = False
 
-    def _resume_parked(self) -> None:
+    def _resume_parked(self, inline: bool = False) -> None:
         """Try parked work again, oldest first. An item that is still held back (an
         input absent, a donated input still being sent, or an array an item parked
         before it touches) goes back in its place without being handled again: each
-        arrival wakes the whole lot, and most of it is still waiting."""
+        arrival wakes the whole lot, and most of it is still waiting.
+
+        ``inline``: on the socket thread, which must not compile or wait for room in
+        XLA's window; at the first launch that would, the rest stays parked, in order,
+        for the dispatch thread.
+        """
         now = time.monotonic()
-        for p in self._lot.take_all():
+        items = self._lot.take_all()
+        for i, p in enumerate(items):
             if now < p.deadline and self._held_back(p.kind, p.body, p.touched):
                 self._lot.repark(p)
+            elif inline and p.kind == "run" and not self._can_inline(p.body):
+                for rest in items[i:]:
+                    self._lot.repark(rest)
+                with self._cv:
+                    self._retry = True
+                return
             else:
                 self._handle(p.kind, p.body, p.deadline)
 
@@ -272,10 +335,14 @@ class Executor:
         return d is not None and time.monotonic() >= d
 
     def _wake_parked(self) -> None:
-        """An input parked work waits for arrived (called by whichever thread stored it)."""
+        """An input parked work waits for arrived (called by whichever thread stored it).
+        The socket thread resumes the work itself once its messages are handled."""
         with self._cv:
             self._retry = True
-            self._cv.notify()
+            if threading.get_ident() == self._inline_ident:
+                self._inline_due = True
+            else:
+                self._cv.notify()
 
     def _handle(self, kind: str, body: Any, deadline: float | None = None) -> None:
         """Do one work item now, or park it until what it needs is here."""

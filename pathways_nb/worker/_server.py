@@ -239,6 +239,7 @@ class Host:
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
         self._loop_ident = threading.get_ident()
+        self.executor.serve_inline_from_this_thread()
         poller = Poller()
         poller.register(self._ctl, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
@@ -264,6 +265,7 @@ class Host:
                 handler(frames)
             except Exception:
                 log.exception("host %s failed handling a message", self.name)
+        self.executor.resume_due()
 
     def _send_outbox(self) -> None:
         for target, frames in self._outbox.drain():

@@ -1,0 +1,158 @@
+"""A host's executor without sockets: which thread does each work item, and in what order.
+
+The host's socket thread does cheap work itself (a compiled launch, a parked launch whose
+input it just stored) and leaves the rest to the dispatch thread; these tests play the
+socket thread's part from the test's own thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pathways_nb.worker._executor import Executor
+from pathways_nb.worker._store import ObjectStore
+
+DEVICES = 2
+
+
+def _double_plus_one(x: jax.Array) -> jax.Array:
+    return 2 * x + 1
+
+
+class _Host:
+    """An executor and its store, driven the way the host's socket thread drives them."""
+
+    def __init__(self) -> None:
+        devices = jax.devices()[:DEVICES]
+        self.sharding = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+        self.store = ObjectStore()
+        self.sent: list[dict[str, Any]] = []
+        self.executor = Executor("h", devices, self.store, self.sent.append, window=4)
+        self._lids = itertools.count(1)
+        self._handles = itertools.count(100)
+        self.executor.start()
+        self.executor.serve_inline_from_this_thread()
+        exp = export.export(jax.jit(_double_plus_one, out_shardings=self.sharding))(
+            jax.ShapeDtypeStruct((8,), np.float32, sharding=self.sharding)
+        )
+        self.executor.submit("program", ("p", "double_plus_one", exp.serialize(), []))
+
+    def value(self, start: float) -> jax.Array:
+        return jax.device_put(np.arange(8, dtype=np.float32) + start, self.sharding)
+
+    def arrive(self, handle: int, value: jax.Array) -> None:
+        """An array arrives, as a put or a transfer does on the socket thread."""
+        self.store.set(handle, value, value.nbytes, ("transfer", "other"), ready=True)
+
+    def run(self, src: int) -> int:
+        out = next(self._handles)
+        body = {
+            "lid": next(self._lids),
+            "slice": "s",
+            "pid": "p",
+            "ins": [src],
+            "outs": [out],
+            "donate": [],
+            "devices": list(range(DEVICES)),
+            "mesh": [["x", DEVICES]],
+            "name": "s",
+        }
+        self.executor.submit("run", body)
+        return out
+
+    def result(self, handle: int) -> np.ndarray:
+        entry = self.store.wait(handle, 30.0)
+        assert entry is not None, f"handle {handle} never appeared"
+        return np.asarray(entry.value)
+
+    def compiled(self) -> None:
+        """Run the program once, so later launches find it compiled."""
+        self.arrive(1, self.value(0.0))
+        self.result(self.run(1))
+
+    def close(self) -> None:
+        self.executor.stop()
+
+
+@pytest.fixture
+def host() -> Iterator[_Host]:
+    h = _Host()
+    h.compiled()
+    yield h
+    h.close()
+
+
+def _expected(start: float) -> np.ndarray:
+    return np.asarray(_double_plus_one(jnp.arange(8, dtype=jnp.float32) + start))
+
+
+def test_an_arrival_on_the_socket_thread_resumes_the_parked_launch_there(host: _Host) -> None:
+    out = host.run(7)  # its input has not arrived: parked
+    assert host.store.get(out) is None
+    assert any(m["t"] == "parked" for m in host.sent)
+    host.arrive(7, host.value(3.0))
+    host.executor.resume_due()
+    # Dispatched before resume_due returned: nothing was handed to another thread.
+    assert host.store.get(out) is not None
+    np.testing.assert_array_equal(host.result(out), _expected(3.0))
+
+
+def test_a_launch_beside_a_parked_one_runs_at_once_on_the_submitting_thread(
+    host: _Host,
+) -> None:
+    host.run(7)  # parked
+    host.arrive(8, host.value(1.0))
+    out = host.run(8)  # touches nothing the parked launch does
+    assert host.store.get(out) is not None
+    np.testing.assert_array_equal(host.result(out), _expected(1.0))
+
+
+def test_work_behind_a_parked_launch_waits_for_it_in_order(host: _Host) -> None:
+    first = host.run(7)  # parked
+    second = host.run(first)  # reads what the parked launch makes: parked behind it
+    host.arrive(7, host.value(2.0))
+    host.executor.resume_due()
+    np.testing.assert_array_equal(
+        host.result(second), np.asarray(_double_plus_one(jnp.asarray(_expected(2.0))))
+    )
+
+
+def test_without_room_in_the_window_the_dispatch_thread_resumes_it(
+    host: _Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outs = [host.run(7), host.run(7)]  # both parked on the same absent input
+    ran_on: list[int] = []
+    real = host.executor._run_planned
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        ran_on.append(threading.get_ident())
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(host.executor, "_run_planned", record)
+    monkeypatch.setattr(host.executor.completions, "has_room", lambda: False)
+    host.arrive(7, host.value(5.0))
+    host.executor.resume_due()
+    for out in outs:
+        np.testing.assert_array_equal(host.result(out), _expected(5.0))
+    # The socket thread must not wait for room: it left both, in order, to the other.
+    assert len(ran_on) == 2 and threading.get_ident() not in ran_on
+
+
+def test_an_arrival_stored_by_another_thread_wakes_the_dispatch_thread(host: _Host) -> None:
+    out = host.run(7)
+    other = threading.Thread(target=host.arrive, args=(7, host.value(4.0)))
+    other.start()
+    other.join()
+    # Nobody calls resume_due: the dispatch thread was woken and ran it.
+    np.testing.assert_array_equal(host.result(out), _expected(4.0))
