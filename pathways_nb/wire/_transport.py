@@ -201,6 +201,12 @@ class Bell:
             os.close(self._fd)
 
 
+def dealer_sends_from_any_thread(address: str) -> bool:
+    """Whether the DEALER :func:`connect_dealer` makes for ``address`` takes sends from
+    any thread (a stream between processes does; an ``inproc://`` ZeroMQ socket not)."""
+    return not address.startswith("inproc://")
+
+
 def sends_from_any_thread(sock: AnySocket) -> bool:
     """Whether threads other than the owner may send on ``sock`` (a stream endpoint may;
     a ZeroMQ socket may not, and is reached through an :class:`Outbox`)."""

@@ -80,6 +80,9 @@ class Completions:
         # launch that made it.
         self.donated: set[int] = set()
         self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Called with the outputs of launches just finished or failed, once who waits
+        # for them has been answered (the host's sender: sends waiting for them go now).
+        self.on_computed: Callable[[list[int]], None] | None = None
 
     def wait_for_room(self) -> None:
         """Block until XLA holds fewer launches than the window."""
@@ -128,6 +131,8 @@ class Completions:
                 self._finishing.release()
             if ack is not None:
                 self.store.mark_ready(computed)
+                if self.on_computed is not None:
+                    self.on_computed(item.outs)
                 self._send({"t": "acks", "items": [ack]})
                 return
         self._done.put(item)
@@ -161,6 +166,7 @@ class Completions:
                 flush()  # about to wait long: send what is done first
             self._wait_for(queued, count)
             computed: list[int] = []
+            finished: list[int] = []
             stop = False
             with self._finishing:
                 for _ in range(count):
@@ -171,13 +177,16 @@ class Completions:
                     if not acks:
                         oldest = time.monotonic()
                     acks.append(self._complete(item, computed))
+                    finished.extend(item.outs)
                     self.completed += 1
+            # One pass over the store for the whole group answers its waiting fetches;
+            # the arrays other hosts wait for leave before the acknowledgements.
+            self.store.mark_ready(computed)
+            if self.on_computed is not None and finished:
+                self.on_computed(finished)
             if stop:
-                self.store.mark_ready(computed)
                 flush()
                 return
-            # One pass over the store for the whole group answers its waiting fetches.
-            self.store.mark_ready(computed)
             # The controller needs acknowledgements only to refill the window and to
             # account; launches that finished together go together, and they wait for
             # company while more of this host's launches are about to finish.

@@ -120,8 +120,9 @@ class Host:
             self.config.put_wait_seconds,
             window=self.config.inflight_window,
         )
-        self._sender = Sender(self._ctx, name, self.executor.sent)
+        self._sender = Sender(self._ctx, name, self.executor.sent, self.store)
         self.executor.send_array = self._sender.submit
+        self.executor.completions.on_computed = self._sender.computed
         self._assembler = Assembler(
             {int(d.id): d for d in self.devices}, self.executor.programs.mesh, self._arrived
         )

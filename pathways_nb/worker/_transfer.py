@@ -31,16 +31,28 @@ from pathways_nb._core import (
     encode_dtype,
     local_versions,
 )
-from pathways_nb.wire import DealerSocket, connect_dealer, decode, encode, receive
+from pathways_nb.wire import (
+    DealerSocket,
+    connect_dealer,
+    dealer_sends_from_any_thread,
+    decode,
+    encode,
+    receive,
+)
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
-from pathways_nb.worker._store import Entry
+from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
 
 
 _STOP = object()
 _SEND_STEP_MS = 500
+# Arrays up to this size go out from the thread that learns they are computed (the
+# completion thread, mostly), where the link allows it: a second thread waking on the
+# same buffer would cost every hop between islands a hand-off and, on a busy machine, a
+# turn on the run queue. Larger ones go to the sending thread, so no loop stalls on a copy.
+_INLINE_SEND_BYTES = 1 << 20
 
 
 # index arithmetic (pure) --------------------------------------------------------------
@@ -150,14 +162,30 @@ class Sender:
 
     It owns one DEALER per destination host's data plane and says hello on each first.
     ``on_read(src)`` says a send no longer needs its source array (it may be donated).
+
+    A small array bound for a link that any thread may send on waits in the sender
+    instead, and the host's completion thread hands it over with :meth:`computed` as soon
+    as the program that makes it has finished (``store`` gives its outcome then).
     """
 
-    def __init__(self, ctx: zmq.Context[Any], host: str, on_read: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        host: str,
+        on_read: Callable[[int], None],
+        store: ObjectStore | None = None,
+    ) -> None:
         self._ctx = ctx
         self.host = host
         self._on_read = on_read
+        self._store = store
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Held while the sockets, the counters or the waiting sends change: several
+        # threads send.
+        self._lock = threading.Lock()
         self._socks: dict[str, DealerSocket] = {}
+        # source handle -> sends waiting for its program to finish.
+        self._waiting: dict[int, list[tuple[Entry, dict[str, Any]]]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.bytes_sent = 0
@@ -174,15 +202,62 @@ class Sender:
         return self
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
-        self._stopping.set()
-        self._queue.put(_STOP)
-        self._thread.join()
-        self._thread = None
+        """Send what is queued, drop what waits for programs that never finished (the
+        host is going), close the sockets. Safe to call twice."""
+        if self._thread is not None:
+            self._stopping.set()
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            left, self._waiting = self._waiting, {}
+            for s in self._socks.values():  # opened by other threads, without a loop
+                s.close(0)
+            self._socks.clear()
+        for sends in left.values():
+            for _, body in sends:
+                self._on_read(int(body["src"]))
 
     def submit(self, entry: Entry, body: dict[str, Any]) -> None:
-        self._queue.put((entry, body))
+        """Send ``entry``'s array as ``body`` says, once it is computed."""
+        if (
+            self._store is None
+            or entry.nbytes > _INLINE_SEND_BYTES
+            or not dealer_sends_from_any_thread(body["address"])
+        ):
+            self._queue.put((entry, body))
+            return
+        with self._lock:
+            # Checked under the lock computed() takes after the flag is set: a program
+            # that finishes meanwhile finds this send waiting, or it sees the flag.
+            ready = entry.ready
+            if not ready:
+                self._waiting.setdefault(int(body["src"]), []).append((entry, body))
+        if ready:
+            self._send_now(entry, body)
+
+    def computed(self, handles: Sequence[int]) -> None:
+        """The programs that make ``handles`` finished, or failed: send what waits for
+        them, on the calling thread."""
+        with self._lock:
+            if not self._waiting:
+                return
+            due = [s for h in handles for s in self._waiting.pop(h, ())]
+        for entry, body in due:
+            self._send_now(entry, body)
+
+    def _send_now(self, entry: Entry, body: dict[str, Any]) -> None:
+        src = int(body["src"])
+        assert self._store is not None
+        # A failure replaced the entry with its error; a deletion since leaves the one
+        # the send was given, whose array is computed.
+        current = self._store.get(src)
+        try:
+            self._send(current if current is not None else entry, body)
+        except Exception:
+            log.exception("host %s failed a transfer", self.host)
+        finally:
+            self._on_read(src)
 
     def _loop(self) -> None:
         try:
@@ -203,22 +278,27 @@ class Sender:
                     self._on_read(int(body["src"]))
                 self._drain_replies()
         finally:
-            for s in self._socks.values():
-                s.close(0)
-            self._socks.clear()
+            with self._lock:
+                for s in self._socks.values():
+                    s.close(0)
+                self._socks.clear()
 
     def _sock(self, address: str) -> DealerSocket:
-        s = self._socks.get(address)
-        if s is None:
-            # Blocking: a send returns once the kernel holds it, so the source may go.
-            s = connect_dealer(self._ctx, address, blocking=True, peer="a host")
-            if isinstance(s, zmq.Socket):
-                # In one process a send to a host already closed would wait forever
-                # (nothing is there to take it): wait in steps, so stop() is heard.
-                s.setsockopt(zmq.SNDTIMEO, _SEND_STEP_MS)
-            hello = {"t": "hello", "role": "host", "rid": 0, "versions": local_versions().to_dict()}
-            self._socks[address] = s
-            self._deliver(s, encode(hello))
+        with self._lock:
+            s = self._socks.get(address)
+            if s is None:
+                s = self._socks[address] = self._connect(address)
+        return s
+
+    def _connect(self, address: str) -> DealerSocket:
+        # Blocking: a send returns once the kernel holds it, so the source may go.
+        s = connect_dealer(self._ctx, address, blocking=True, peer="a host")
+        if isinstance(s, zmq.Socket):
+            # In one process a send to a host already closed would wait forever
+            # (nothing is there to take it): wait in steps, so stop() is heard.
+            s.setsockopt(zmq.SNDTIMEO, _SEND_STEP_MS)
+        hello = {"t": "hello", "role": "host", "rid": 0, "versions": local_versions().to_dict()}
+        self._deliver(s, encode(hello))
         return s
 
     def _deliver(self, sock: DealerSocket, frames: list[Any], copy: bool = True) -> None:
@@ -233,7 +313,9 @@ class Sender:
                     ) from None
 
     def _drain_replies(self) -> None:
-        for address, s in self._socks.items():
+        with self._lock:
+            socks = list(self._socks.items())
+        for address, s in socks:
             for frames in receive(s):
                 try:
                     h = decode(frames).header
@@ -280,8 +362,9 @@ class Sender:
             "piece_shapes": [list(p.shape) for p in pieces],
         }
         self._deliver(sock, [*encode(header), *(as_bytes(p) for p in pieces)], copy=False)
-        self.bytes_sent += sum(p.nbytes for p in pieces)
-        self.transfers += 1
+        with self._lock:
+            self.bytes_sent += sum(p.nbytes for p in pieces)
+            self.transfers += 1
 
     def _prepare(
         self, entry: Entry, body: dict[str, Any]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import jax
@@ -13,9 +14,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, encode_spec
+from pathways_nb.wire import Poller, decode, receive
+from pathways_nb.wire._stream import StreamRouter
 from pathways_nb.worker._hostcopy import from_host, from_regions, host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
-from pathways_nb.worker._store import Entry
+from pathways_nb.worker._store import Entry, ObjectStore
 from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for, shard_indices
 
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
@@ -243,3 +246,61 @@ def test_a_sender_stops_while_a_transfer_waits_on_a_closed_host() -> None:
         assert released == [1, 2]
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_small_array_leaves_from_the_thread_that_learns_it_is_computed() -> None:
+    """Between processes a small array's send waits in the sender, and the completion
+    thread (here: this one; the sender's own thread never runs) sends it when the program
+    that makes it finished: failed, or computed and deleted since, it still goes."""
+    router = StreamRouter("tcp://127.0.0.1:0", max_bytes=1 << 20)
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+
+    def messages(n: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while len(out) < n:
+            assert time.monotonic() < deadline, f"got {len(out)} of {n} messages"
+            poller.poll(100)
+            out.extend(decode(frames[1:]).header for frames in receive(router))
+        return out
+
+    store = ObjectStore()
+    released: list[int] = []
+    sender = Sender(zmq.Context(), "h0", released.append, store)
+    value = jax.device_put(np.arange(4, dtype=np.float32), jax.devices()[0])
+
+    def transfer(src: int) -> None:
+        store.set(src, value, value.nbytes)  # made by a launch still running
+        body = {
+            "src": src,
+            "dst": src + 100,
+            "lid": src,
+            "shape": [4],
+            "spec": encode_spec(P()),
+            "devices": [1],
+            "mesh": [["x", 1]],
+            "address": router.address,
+        }
+        entry = store.get(src)
+        assert entry is not None
+        sender.submit(entry, body)
+
+    try:
+        for src in (1, 2, 3):
+            transfer(src)
+        assert released == []  # nothing went: the launches have not finished
+        store.mark_ready([1])
+        sender.computed([1])
+        hello, first = messages(2)
+        assert hello["t"] == "hello" and first["handle"] == 101 and "error" not in first
+        store.fail(2, RemoteError("boom", kind="runtime"))
+        store.drop([3])
+        sender.computed([2, 3])
+        second, third = messages(2)
+        assert second["handle"] == 102 and second["error"]["message"] == "boom"
+        assert third["handle"] == 103 and "error" not in third
+        assert released == [1, 2, 3]
+    finally:
+        sender.stop()
+        router.close()
