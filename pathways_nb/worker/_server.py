@@ -135,6 +135,8 @@ class Host:
         self._client_ok: set[bytes] = set()
         self.data_address = ""
         self._loop_ident = -1
+        # Arrivals the socket thread acknowledges once its messages are handled.
+        self._arrival_acks: list[Any] = []
         self._direct_ctl = False
         self._direct_data = False
 
@@ -267,6 +269,9 @@ class Host:
             except Exception:
                 log.exception("host %s failed handling a message", self.name)
         self.executor.resume_due()
+        if self._arrival_acks:
+            items, self._arrival_acks = self._arrival_acks, []
+            self._to_controller({"t": "acks", "items": items})
 
     def _send_outbox(self) -> None:
         for target, frames in self._outbox.drain():
@@ -384,7 +389,12 @@ class Host:
         self.executor.arrived(handle)
         info = {"bytes": nbytes, "source": h["source"]}
         item = [h["lid"], h["t0"], time.time(), err.to_dict() if err else None, info]
-        self._to_controller({"t": "acks", "items": [item]})
+        if threading.get_ident() == self._loop_ident:
+            # Told once this thread's messages are handled, after the launches waiting
+            # for the array were dispatched: the controller needs it only to account.
+            self._arrival_acks.append(item)
+        else:
+            self._to_controller({"t": "acks", "items": [item]})
 
     def _hello(self, identity: bytes, h: dict[str, Any]) -> None:
         try:
