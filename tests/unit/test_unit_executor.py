@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,9 +78,15 @@ class _Host:
         return np.asarray(entry.value)
 
     def compiled(self) -> None:
-        """Run the program once, so later launches find it compiled."""
+        """Run the program once, so later launches find it compiled, and wait until the
+        dispatch thread that compiled it is idle again."""
         self.arrive(1, self.value(0.0))
         self.result(self.run(1))
+        ex = self.executor
+        deadline = time.monotonic() + 30
+        while ex._busy or ex._pending:
+            assert time.monotonic() < deadline, "the dispatch thread never went idle"
+            time.sleep(1e-3)
 
     def close(self) -> None:
         self.executor.stop()
