@@ -20,6 +20,7 @@ from pathways_nb.wire._transport import (
     new_inproc_address,
     peer_id,
     receive,
+    send_buffer,
     sends_from_any_thread,
 )
 
@@ -45,5 +46,6 @@ __all__ = [
     "pack",
     "peer_id",
     "receive",
+    "send_buffer",
     "sends_from_any_thread",
 ]

@@ -434,6 +434,14 @@ class StreamDealer(_Endpoint):
     def connected(self) -> bool:
         return self._conn is not None
 
+    def send_buffer(self) -> int:
+        """Bytes of messages the kernel takes at once, without the peer reading them
+        (half its doubled ``SO_SNDBUF``); 0 once the connection is gone."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return 0
+        return int(conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)) // 2
+
     def send_multipart(self, frames: Sequence[Any], copy: bool = False) -> None:
         """Send one message. Unlike a ZeroMQ socket's, this is safe from any thread
         (the owner alone receives): a caller may send without handing over to the owner."""

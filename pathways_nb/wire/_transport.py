@@ -207,6 +207,12 @@ def dealer_sends_from_any_thread(address: str) -> bool:
     return not address.startswith("inproc://")
 
 
+def send_buffer(sock: AnySocket) -> int:
+    """Bytes a send on ``sock`` leaves without waiting for the peer to read (a stream
+    dealer's kernel buffer); 0 where that is not known (ZeroMQ sockets)."""
+    return sock.send_buffer() if isinstance(sock, StreamDealer) else 0
+
+
 def sends_from_any_thread(sock: AnySocket) -> bool:
     """Whether threads other than the owner may send on ``sock`` (a stream endpoint may;
     a ZeroMQ socket may not, and is reached through an :class:`Outbox`)."""

@@ -38,6 +38,7 @@ from pathways_nb.wire import (
     decode,
     encode,
     receive,
+    send_buffer,
 )
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
@@ -49,9 +50,10 @@ log = logging.getLogger("pathways_nb.worker")
 _STOP = object()
 _SEND_STEP_MS = 500
 # Arrays up to this size go out from the thread that learns they are computed (the
-# completion thread, mostly), where the link allows it: a second thread waking on the
-# same buffer would cost every hop between islands a hand-off and, on a busy machine, a
-# turn on the run queue. Larger ones go to the sending thread, so no loop stalls on a copy.
+# completion thread, mostly), where the link allows it and the kernel takes the whole
+# message at once: a second thread waking on the same buffer would cost every hop
+# between islands a hand-off and, on a busy machine, a turn on the run queue. Larger
+# ones go to the sending thread, so no loop waits on a copy or on the peer reading.
 _INLINE_SEND_BYTES = 1 << 20
 
 
@@ -184,6 +186,8 @@ class Sender:
         # threads send.
         self._lock = threading.Lock()
         self._socks: dict[str, DealerSocket] = {}
+        # destination address -> bytes its link's kernel buffer takes at once.
+        self._rooms: dict[str, int] = {}
         # source handle -> sends waiting for its program to finish.
         self._waiting: dict[int, list[tuple[Entry, dict[str, Any]]]] = {}
         self._thread: threading.Thread | None = None
@@ -224,6 +228,7 @@ class Sender:
             self._store is None
             or entry.nbytes > _INLINE_SEND_BYTES
             or not dealer_sends_from_any_thread(body["address"])
+            or entry.nbytes > self._room(body["address"])
         ):
             self._queue.put((entry, body))
             return
@@ -235,6 +240,13 @@ class Sender:
                 self._waiting.setdefault(int(body["src"]), []).append((entry, body))
         if ready:
             self._send_now(entry, body)
+
+    def _room(self, address: str) -> int:
+        """Bytes a send to ``address`` leaves at once (the kernel's buffer for it)."""
+        room = self._rooms.get(address)
+        if room is None:
+            room = self._rooms[address] = send_buffer(self._sock(address))
+        return room
 
     def computed(self, handles: Sequence[int]) -> None:
         """The programs that make ``handles`` finished, or failed: send what waits for

@@ -288,3 +288,15 @@ def test_a_router_may_be_sent_on_from_other_threads_in_order(router: StreamRoute
     for tag in (b"a", b"b"):
         assert [int.from_bytes(m[1], "big") for m in got if m[0] == tag] == list(range(n))
     d.close()
+
+
+def test_a_dealer_reports_what_its_kernel_buffer_takes_at_once(router: StreamRouter) -> None:
+    d = StreamDealer(router.address)
+    room = d.send_buffer()
+    assert room > 0
+    # A message of half that size leaves at once, with nobody reading on the other side:
+    # nothing stays queued in the dealer.
+    d.send_multipart([np.zeros(room // 2, np.uint8)])
+    assert d._conn is not None and not d._conn.wants_write
+    d.close()
+    assert d.send_buffer() == 0

@@ -304,3 +304,46 @@ def test_a_small_array_leaves_from_the_thread_that_learns_it_is_computed() -> No
     finally:
         sender.stop()
         router.close()
+
+
+def test_an_array_larger_than_the_links_kernel_buffer_goes_to_the_sending_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sent from the completion thread, it would wait there for the peer to read."""
+    router = StreamRouter("tcp://127.0.0.1:0", max_bytes=1 << 20)
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    store = ObjectStore()
+    released: list[str] = []
+    sender = Sender(
+        zmq.Context(), "h0", lambda src: released.append(threading.current_thread().name), store
+    )
+    monkeypatch.setattr("pathways_nb.worker._transfer.send_buffer", lambda sock: 8)
+    value = jax.device_put(np.arange(4, dtype=np.float32), jax.devices()[0])
+    store.set(1, value, value.nbytes, ready=True)
+    body = {
+        "src": 1,
+        "dst": 101,
+        "lid": 1,
+        "shape": [4],
+        "spec": encode_spec(P()),
+        "devices": [1],
+        "mesh": [["x", 1]],
+        "address": router.address,
+    }
+    sender.start()
+    try:
+        entry = store.get(1)
+        assert entry is not None
+        sender.submit(entry, body)
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2:
+            assert time.monotonic() < deadline, "the transfer never arrived"
+            poller.poll(100)
+            got.extend(decode(frames[1:]).header for frames in receive(router))
+        assert got[1]["handle"] == 101
+    finally:
+        sender.stop()
+        router.close()
+    assert released == ["pw-send-h0"]
