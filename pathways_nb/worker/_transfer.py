@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 
 from pathways_nb._core import (
+    BrokenError,
     ClosedError,
     RemoteError,
     as_bytes,
@@ -242,10 +243,15 @@ class Sender:
             self._send_now(entry, body)
 
     def _room(self, address: str) -> int:
-        """Bytes a send to ``address`` leaves at once (the kernel's buffer for it)."""
+        """Bytes a send to ``address`` leaves at once (the kernel's buffer for it); 0
+        while the host there cannot be reached (the sending thread then says why)."""
         room = self._rooms.get(address)
         if room is None:
-            room = self._rooms[address] = send_buffer(self._sock(address))
+            try:
+                sock = self._sock(address)
+            except BrokenError:
+                return 0
+            room = self._rooms[address] = send_buffer(sock)
         return room
 
     def computed(self, handles: Sequence[int]) -> None:

@@ -347,3 +347,30 @@ def test_an_array_larger_than_the_links_kernel_buffer_goes_to_the_sending_thread
         sender.stop()
         router.close()
     assert released == ["pw-send-h0"]
+
+
+def test_a_send_to_a_host_that_cannot_be_reached_releases_its_source() -> None:
+    """The sending thread tries, logs why it failed, and lets the source go; the
+    executor's thread that submitted it is not the one that fails."""
+    store = ObjectStore()
+    released: list[int] = []
+    sender = Sender(zmq.Context(), "h0", released.append, store).start()
+    value = jax.device_put(np.arange(4, dtype=np.float32), jax.devices()[0])
+    store.set(1, value, value.nbytes, ready=True)
+    body = {
+        "src": 1,
+        "dst": 101,
+        "lid": 1,
+        "shape": [4],
+        "spec": encode_spec(P()),
+        "devices": [1],
+        "mesh": [["x", 1]],
+        "address": "tcp://127.0.0.1:1",  # nothing listens there
+    }
+    try:
+        entry = store.get(1)
+        assert entry is not None
+        sender.submit(entry, body)  # does not raise here
+    finally:
+        sender.stop()  # sends what was queued first
+    assert released == [1]
