@@ -97,6 +97,7 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
         to_b = pw.jit(lambda v: v * 1.0, slice=b, in_shardings=P("z", "y"))
         back = pw.jit(lambda v: v - 1.0, slice=a, in_shardings=P(None, "x"))
         np.testing.assert_array_equal(np.asarray(back(to_b(xa))), x - 1.0)
+        client.wait_all()  # the transfers' ends are logged once acknowledged
         ev = client.events()
         done = ev[(ev.program == "transfer") & (ev.kind == "end")]
         assert len(done) == 2 and set(done.host) == {a.host, b.host}

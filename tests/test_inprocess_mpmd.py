@@ -14,6 +14,9 @@ import pathways_nb as pw
 
 
 def _transfer_events(client: pw.Client) -> list[dict]:
+    # A transfer's end reaches the event log with the destination's acknowledgement,
+    # which may follow the answer to a fetch of what consumed it.
+    client.wait_all()
     ev = client.events()
     return ev[(ev.program == "transfer") & (ev.kind == "end")].to_dict("records")
 
