@@ -24,6 +24,21 @@ from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for, shard
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
 
 
+def _send_body(src: int, address: str, device: int = 1) -> dict[str, Any]:
+    """What the controller tells a source host to send: a 4-element array as ``src +
+    100`` to one device of the host at ``address``."""
+    return {
+        "src": src,
+        "dst": src + 100,
+        "lid": src,
+        "shape": [4],
+        "spec": encode_spec(P()),
+        "devices": [device],
+        "mesh": [["x", 1]],
+        "address": address,
+    }
+
+
 def _specs(names: tuple[str, ...]) -> list[P]:
     return [
         P(),
@@ -219,17 +234,8 @@ def test_a_sender_stops_while_a_transfer_waits_on_a_closed_host() -> None:
     value = np.arange(4, dtype=np.float32)
 
     def transfer(src: int) -> None:
-        body = {
-            "src": src,
-            "dst": src + 100,
-            "lid": src,
-            "shape": [4],
-            "spec": encode_spec(P()),
-            "devices": [0],
-            "mesh": [["x", 1]],
-            "address": address,
-        }
-        sender.submit(Entry(value=value, nbytes=value.nbytes, ready=True), body)
+        entry = Entry(value=value, nbytes=value.nbytes, ready=True)
+        sender.submit(entry, _send_body(src, address, device=0))
 
     try:
         transfer(1)
@@ -272,19 +278,9 @@ def test_a_small_array_leaves_from_the_thread_that_learns_it_is_computed() -> No
 
     def transfer(src: int) -> None:
         store.set(src, value, value.nbytes)  # made by a launch still running
-        body = {
-            "src": src,
-            "dst": src + 100,
-            "lid": src,
-            "shape": [4],
-            "spec": encode_spec(P()),
-            "devices": [1],
-            "mesh": [["x", 1]],
-            "address": router.address,
-        }
         entry = store.get(src)
         assert entry is not None
-        sender.submit(entry, body)
+        sender.submit(entry, _send_body(src, router.address))
 
     try:
         for src in (1, 2, 3):
@@ -321,21 +317,11 @@ def test_an_array_larger_than_the_links_kernel_buffer_goes_to_the_sending_thread
     monkeypatch.setattr("pathways_nb.worker._transfer.send_buffer", lambda sock: 8)
     value = jax.device_put(np.arange(4, dtype=np.float32), jax.devices()[0])
     store.set(1, value, value.nbytes, ready=True)
-    body = {
-        "src": 1,
-        "dst": 101,
-        "lid": 1,
-        "shape": [4],
-        "spec": encode_spec(P()),
-        "devices": [1],
-        "mesh": [["x", 1]],
-        "address": router.address,
-    }
     sender.start()
     try:
         entry = store.get(1)
         assert entry is not None
-        sender.submit(entry, body)
+        sender.submit(entry, _send_body(1, router.address))
         got: list[dict[str, Any]] = []
         deadline = time.monotonic() + 30
         while len(got) < 2:
@@ -357,20 +343,11 @@ def test_a_send_to_a_host_that_cannot_be_reached_releases_its_source() -> None:
     sender = Sender(zmq.Context(), "h0", released.append, store).start()
     value = jax.device_put(np.arange(4, dtype=np.float32), jax.devices()[0])
     store.set(1, value, value.nbytes, ready=True)
-    body = {
-        "src": 1,
-        "dst": 101,
-        "lid": 1,
-        "shape": [4],
-        "spec": encode_spec(P()),
-        "devices": [1],
-        "mesh": [["x", 1]],
-        "address": "tcp://127.0.0.1:1",  # nothing listens there
-    }
     try:
         entry = store.get(1)
         assert entry is not None
-        sender.submit(entry, body)  # does not raise here
+        # Nothing listens there; the submitting thread is not the one that fails.
+        sender.submit(entry, _send_body(1, "tcp://127.0.0.1:1"))
     finally:
         sender.stop()  # sends what was queued first
     assert released == [1]
