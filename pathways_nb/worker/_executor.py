@@ -151,12 +151,13 @@ class Executor:
         """Do a work item on the socket thread if it is cheap and cannot block it;
         False leaves it to the dispatch thread. The caller holds ``_busy``."""
         if kind == "run":
-            if not self._can_inline(body):
+            plan = self._inline_plan(body)
+            if plan is None:
                 return False
             if not self._lot:
                 entries = self.store.get_many(body["ins"])
                 if entries is not None:
-                    self._run_planned(body, self._plans[_run_key(body)], entries)
+                    self._run_planned(body, plan, entries)
                     return True
             self._handle(kind, body)
         elif kind in ("send", "drop"):
@@ -167,10 +168,12 @@ class Executor:
             return False
         return True
 
-    def _can_inline(self, h: dict[str, Any]) -> bool:
-        """Whether a launch may run on the socket thread: compiled already, no injected
-        fault to take, and room in XLA's window (so the thread never waits for it)."""
-        return not self._faults and _run_key(h) in self._plans and self.completions.has_room()
+    def _inline_plan(self, h: dict[str, Any]) -> _Plan | None:
+        """The launch's plan if it may run on the socket thread: compiled already, no
+        injected fault to take, and room in XLA's window (so the thread never waits)."""
+        if self._faults or not self.completions.has_room():
+            return None
+        return self._plans.get(_run_key(h))
 
     def serve_inline_from_this_thread(self) -> None:
         """Called once by the host's socket thread: arrivals it stores resume parked work
@@ -296,7 +299,7 @@ class Executor:
         for i, p in enumerate(items):
             if now < p.deadline and self._held_back(p.kind, p.body, p.touched):
                 self._lot.repark(p)
-            elif inline and p.kind == "run" and not self._can_inline(p.body):
+            elif inline and p.kind == "run" and self._inline_plan(p.body) is None:
                 for rest in items[i:]:
                     self._lot.repark(rest)
                 with self._cv:
