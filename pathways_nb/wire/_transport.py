@@ -112,7 +112,7 @@ def connect_dealer(
     """Connect to a :func:`bind_router` end (as a DEALER); see
     :class:`~pathways_nb.wire._stream.StreamDealer` for ``blocking``. ``peer`` names the
     other side in the error raised when it cannot be reached."""
-    if address.startswith("inproc://"):
+    if not dealer_sends_from_any_thread(address):
         return connect(ctx, zmq.DEALER, address, max_bytes)
     try:
         return StreamDealer(address, max_bytes, blocking=blocking)

@@ -137,10 +137,7 @@ class Executor:
             try:
                 done = self._try_now(kind, body)
             finally:
-                with self._cv:
-                    self._busy = False
-                    if self._pending or self._retry:
-                        self._cv.notify()
+                self._end_inline()
             if done:
                 return
         with self._cv:
@@ -201,10 +198,15 @@ class Executor:
         except Exception:
             log.exception("host %s failed resuming parked work", self.host)
         finally:
-            with self._cv:
-                self._busy = False
-                if self._pending or self._retry:
-                    self._cv.notify()
+            self._end_inline()
+
+    def _end_inline(self) -> None:
+        """The socket thread is done with the executor: hand what came meanwhile (queued
+        work, an arrival that woke parked work) to the dispatch thread."""
+        with self._cv:
+            self._busy = False
+            if self._pending or self._retry:
+                self._cv.notify()
 
     def cancel_runs(self, tenant: int, message: str) -> int:
         """Drop the tenant's launches that wait in this host's queue; they fail as cancelled.
