@@ -123,6 +123,23 @@ def _pipeline_rows(p: dict[str, Any]) -> list[Row]:
             f"{p['bubble_measured'] / p['bubble_scheduled']:.2f}x",
             "",
         ),
+        *_standard_row(p, width),
+    ]
+
+
+def _standard_row(p: dict[str, Any], width: int) -> list[Row]:
+    """The bubble of 1F1B without the extra warm-up forward, when the run measured it."""
+    std = p.get("standard_1f1b")
+    if std is None:
+        return []
+    return [
+        (
+            f"pipeline bubble, width {width}, standard 1F1B (no extra warm-up forward)",
+            f"theory {std['bubble_theoretical']:.2f}",
+            f"{std['bubble_measured']:.2f}",
+            f"{std['bubble_ratio']:.2f}x",
+            "",
+        )
     ]
 
 

@@ -5,15 +5,17 @@ ZeroMQ, parallel against sequential dispatch.
 
 Four measurements, each side by side in one run:
 
-- pipeline: a 4-stage MLP, one stage per single-island slice (4 islands x 2 devices,
-  1F1B, 8 microbatches), against the same model trained as one data-parallel SPMD
+- pipeline: a 4-stage MLP whose stages do equal work, one stage per single-island
+  slice (4 islands x 2 devices, 1F1B with one extra warm-up forward per stage, 8
+  microbatches), against the same model trained as one data-parallel SPMD
   program on one island of 8 devices (the paper's Table 2 / Fig. 10): steps per second
   and the ratio, the contenders taking turns in rounds so that drift in the machine's
   speed falls on all. The pipeline's devices keep their own gradient sums and reduce
   them once per step, as the SPMD program does (``reduce_grads="step"``); the same
   pipeline reducing every microbatch is measured beside it. Beside them, the bubble
   measured from each stage's busy intervals in the event log against the schedule's
-  theoretical (S-1)/(M+S-1). All of it at width 1024 and again at width 2048. All
+  theoretical (S-1)/(M+S-1), and the bubble of the standard 1F1B (no extra warm-up).
+  All of it at width 1024 and again at width 2048. All
   processes share this machine's cores, so the stages' programs slow each other down
   where they overlap.
 - transfer: one 256 MiB array moved host to host between islands, against a raw
@@ -47,6 +49,10 @@ from benchmarks._common import cpu_split, host_pids, machine, summary, write
 
 STAGES = 4
 MICROBATCHES = 8
+# Each stage runs one forward more than 1F1B's minimum before its first backward, so a
+# backward waiting for its gradient from the next stage has a forward to run meanwhile
+# (see pw.pipeline). The standard schedule's bubble is measured beside it.
+EXTRA_WARMUP = 1
 
 
 def layer(p: dict[str, Any], x: jax.Array) -> jax.Array:
@@ -61,21 +67,30 @@ def mse(out: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((out - y) ** 2)
 
 
+def in_width(width: int) -> int:
+    """The input's features. The first stage computes no input gradient, so its backward
+    is one matmul where the others' is two; inputs 1.5x as wide give it the same work as
+    every other stage (2 matmuls of 1.5 w x w against 3 of w x w per microbatch), which
+    is what the formula (S-1)/(M+S-1) assumes."""
+    return width * 3 // 2
+
+
 def init(width: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
+    fan_in = [in_width(width)] + [width] * (STAGES - 1)
     return [
         {
-            "w": (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32),
+            "w": (rng.standard_normal((n, width)) / np.sqrt(n)).astype(np.float32),
             "b": np.zeros(width, np.float32),
         }
-        for _ in range(STAGES)
+        for n in fan_in
     ]
 
 
 def data(batch: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
     return (
-        rng.standard_normal((batch, width)).astype(np.float32),
+        rng.standard_normal((batch, in_width(width))).astype(np.float32),
         rng.standard_normal((batch, width)).astype(np.float32),
     )
 
@@ -175,7 +190,11 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
         px, py = slices[0].put(x, P("data")), slices[-1].put(y, P("data"))
         pprocs = _cluster_pids(pclient, pcluster)
         sides: list[_Side] = []
-        for reduce_grads in ("step", "microbatch"):
+        for reduce_grads, extra in (
+            ("step", EXTRA_WARMUP),
+            ("microbatch", EXTRA_WARMUP),
+            ("step", 0),
+        ):
             pstep = pw.pipeline(
                 [layer] * (STAGES - 1) + [head],
                 slices,
@@ -185,11 +204,14 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
                 schedule="1f1b",
                 batch_spec=P("data"),
                 reduce_grads=reduce_grads,
+                extra_warmup=extra,
             )
             state = list(pstep.init(init(width)))
             run = _pipeline_loop(pclient, pstep, state, px, py)
             run(2)  # compile every program
             sides.append(_Side(pprocs, run, pstep))
+        # The standard 1F1B runs only for its bubble.
+        timed_sides, standard = sides[:2], sides[2]
 
         vs = sclient.allocate({"data": 2 * STAGES})
         sparams = [{k: vs.put(v, P()) for k, v in p.items()} for p in init(width)]
@@ -204,11 +226,12 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
 
         spmd_run(2)
         spmd = _Side(_cluster_pids(sclient, scluster), spmd_run)
-        for side in [*sides, spmd]:  # one round untimed: caches, allocator, page faults
+        for side in [*timed_sides, spmd]:  # one round untimed: caches, allocator, page faults
             side.run(steps)
         for _ in range(rounds):
-            for side in sides:
+            for side in timed_sides:
                 side.timed(steps)
+            for side in sides:
                 since = time.time()
                 side.run(1)
                 side.bubbles.append(side.pipeline.bubble(pclient.events(since=since)))
@@ -216,13 +239,9 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
 
     total = rounds * steps
 
-    def summary_of(side: _Side) -> dict[str, Any]:
+    def bubble_of(side: _Side) -> dict[str, Any]:
         bubbles = side.bubbles
         out = {
-            "steps_per_s": total / side.seconds,
-            "ratio": spmd.seconds / side.seconds,
-            "ratio_per_round": [b / a for a, b in zip(side.rounds, spmd.rounds, strict=True)],
-            "cpu_ms_per_step": {k: v / total for k, v in side.cpu.items()},
             "bubble_measured": statistics.median(b["mean"] for b in bubbles),
             "bubble_per_stage": {
                 str(s): statistics.median(b["per_stage"][s] for b in bubbles) for s in range(STAGES)
@@ -241,7 +260,16 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
         out["bubble_ratio"] = out["bubble_measured"] / out["bubble_theoretical"]
         return out
 
-    main, exact = (summary_of(s) for s in sides)
+    def summary_of(side: _Side) -> dict[str, Any]:
+        return {
+            "steps_per_s": total / side.seconds,
+            "ratio": spmd.seconds / side.seconds,
+            "ratio_per_round": [b / a for a, b in zip(side.rounds, spmd.rounds, strict=True)],
+            "cpu_ms_per_step": {k: v / total for k, v in side.cpu.items()},
+            **bubble_of(side),
+        }
+
+    main, exact = (summary_of(s) for s in timed_sides)
     return {
         "pipeline_steps_per_s": main["steps_per_s"],
         "spmd_steps_per_s": total / spmd.seconds,
@@ -256,6 +284,7 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
         "bubble_scheduled": main["bubble_scheduled"],
         "busy_ms_per_stage": main["busy_ms_per_stage"],
         "reduce_grads_every_microbatch": exact,
+        "standard_1f1b": bubble_of(standard),
         "params": {
             "stages": STAGES,
             "microbatches": MICROBATCHES,
@@ -264,7 +293,9 @@ def pipeline_vs_spmd(steps: int, rounds: int, batch: int, width: int) -> dict[st
             "steps_per_round": steps,
             "rounds": rounds,
             "schedule": "1f1b",
+            "extra_warmup": EXTRA_WARMUP,
             "reduce_grads": "step",
+            "in_width": in_width(width),
         },
     }
 

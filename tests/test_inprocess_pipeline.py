@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -113,9 +114,12 @@ def slices(four: pw.Client) -> Iterator[list[pw.VirtualSlice]]:
         s.release()
 
 
-@pytest.mark.parametrize(("schedule", "remat"), [("gpipe", False), ("1f1b", False), ("1f1b", True)])
+@pytest.mark.parametrize(
+    ("schedule", "remat", "extra_warmup"),
+    [("gpipe", False, 0), ("1f1b", False, 0), ("1f1b", True, 0), ("1f1b", False, 1)],
+)
 def test_a_four_stage_pipeline_trains_like_plain_jax(
-    four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool
+    four: pw.Client, slices: list[pw.VirtualSlice], schedule: str, remat: bool, extra_warmup: int
 ) -> None:
     assert len({s.island for s in slices}) == 4
     x, y = _batch()
@@ -127,6 +131,7 @@ def test_a_four_stage_pipeline_trains_like_plain_jax(
         microbatches=8,
         schedule=schedule,
         remat=remat,
+        extra_warmup=extra_warmup,
     )
     params, got = _train(step, x, y, 5)
     np.testing.assert_allclose(got, _reference(_params(SIZES), x, y, 5), rtol=2e-5, atol=1e-6)
@@ -237,6 +242,49 @@ def test_scheduled_bubble_is_the_formula_for_equal_stages_and_more_for_unequal(
     seconds = {(s, k): {"F": 1.0, "B": 1.0, "L": 2.0}[k] for s in range(4) for k in "FBL"}
     seconds[(1, "B")] = 2.0  # one slow stage holds up the others
     assert scheduled_bubble(orders, seconds) > theoretical_bubble(4, 8) + 0.05
+
+
+def test_extra_warmup_keeps_the_ideal_bubble_and_hides_hops() -> None:
+    seconds = {(s, k): {"F": 1.0, "B": 2.0, "L": 3.0}[k] for s in range(4) for k in "FBL"}
+    standard = stage_orders(4, 8, "1f1b")
+    for extra in (1, 2):
+        orders = stage_orders(4, 8, "1f1b", extra)
+        assert scheduled_bubble(orders, seconds) == pytest.approx(theoretical_bubble(4, 8))
+        # A hop of a third of a forward: the standard 1F1B waits for it every cycle,
+        # one forward run ahead waits for it only filling and draining the pipeline.
+        assert scheduled_bubble(orders, seconds, hop=0.3) < (
+            scheduled_bubble(standard, seconds, hop=0.3) - 0.04
+        )
+    assert scheduled_bubble(standard, seconds, hop=0.3) > theoretical_bubble(4, 8) + 0.05
+    # Stage 0 of 3 runs three forwards before its first backward, not two; stage 1 two.
+    orders = stage_orders(3, 4, "1f1b", extra_warmup=1)
+    assert [f"{op.kind}{op.microbatch}" for op in orders[0]] == [
+        "F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3",
+    ]  # fmt: skip
+    assert [f"{op.kind}{op.microbatch}" for op in orders[1]] == [
+        "F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3",
+    ]  # fmt: skip
+    # More than there are microbatches: every forward first, as GPipe.
+    assert [op.kind for op in stage_orders(3, 4, "1f1b", 9)[0]] == ["F"] * 4 + ["B"] * 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"extra_warmup": -1}, r"extra_warmup is a count of forwards, an int >= 0; got -1"),
+        ({"extra_warmup": "1"}, r"an int >= 0; got '1'"),
+        ({"extra_warmup": True}, r"an int >= 0; got True"),
+        (
+            {"extra_warmup": 1, "schedule": "gpipe"},
+            r"extra_warmup applies to the 1f1b schedule; 'gpipe' runs every forward",
+        ),
+    ],
+)
+def test_extra_warmup_errors_say_what_to_pass(
+    slices: list[pw.VirtualSlice], kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(0.1), **kwargs)
 
 
 def test_schedules_order_each_stage_and_keep_dependencies() -> None:

@@ -54,8 +54,14 @@ class Op:
     microbatch: int
 
 
-def stage_orders(stages: int, microbatches: int, schedule: str) -> list[list[Op]]:
-    """What each stage runs, in order, under ``schedule``."""
+def stage_orders(
+    stages: int, microbatches: int, schedule: str, extra_warmup: int = 0
+) -> list[list[Op]]:
+    """What each stage runs, in order, under ``schedule``.
+
+    Under 1F1B, stage ``s`` runs ``S-1-s`` forwards before its first backward, plus
+    ``extra_warmup`` (see :func:`pipeline`), at most all of them.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
     if stages < 1 or microbatches < 1:
@@ -63,13 +69,20 @@ def stage_orders(stages: int, microbatches: int, schedule: str) -> list[list[Op]
             f"a pipeline needs at least one stage and one microbatch; got {stages} stages "
             f"and {microbatches} microbatches"
         )
+    if isinstance(extra_warmup, bool) or not isinstance(extra_warmup, int) or extra_warmup < 0:
+        raise ValueError(f"extra_warmup is a count of forwards, an int >= 0; got {extra_warmup!r}")
+    if extra_warmup and schedule != "1f1b":
+        raise ValueError(
+            f"extra_warmup applies to the 1f1b schedule; {schedule!r} runs every forward "
+            "before any backward already: leave extra_warmup at 0"
+        )
     last, m_all = stages - 1, range(microbatches)
     orders = []
     for s in range(last):
         if schedule == "gpipe":
             order = [Op("F", s, m) for m in m_all] + [Op("B", s, m) for m in m_all]
         else:
-            warm = min(last - s, microbatches)
+            warm = min(last - s + extra_warmup, microbatches)
             order = [Op("F", s, m) for m in range(warm)]
             for m in range(microbatches - warm):
                 order += [Op("F", s, warm + m), Op("B", s, m)]
@@ -120,20 +133,24 @@ def theoretical_bubble(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def scheduled_bubble(orders: list[list[Op]], seconds: dict[tuple[int, str], float]) -> float:
+def scheduled_bubble(
+    orders: list[list[Op]], seconds: dict[tuple[int, str], float], hop: float = 0.0
+) -> float:
     """The mean idle fraction of the stages when ``orders`` runs with each program taking
-    ``seconds[(stage, kind)]`` and activations moving between stages in no time.
+    ``seconds[(stage, kind)]`` and each activation or gradient taking ``hop`` seconds
+    from one stage to the next.
 
-    The formula of :func:`theoretical_bubble` holds for stages of equal cost; this is
-    what the schedule allows for stages as they are, so the difference between it and
-    a measured bubble is what the hops and dispatch between stages cost.
+    The formula of :func:`theoretical_bubble` holds for stages of equal cost and hops
+    that take no time; with ``hop=0`` this is what the schedule allows for stages as
+    they are, so the difference between it and a measured bubble is what the hops and
+    dispatch between stages cost.
     """
     last = len(orders) - 1
     end: dict[Op, float] = {}
     free = [0.0] * len(orders)
     for op in submission_order(orders):
         dep = _depends_on(op, last)
-        start = max(free[op.stage], end[dep] if dep is not None else 0.0)
+        start = max(free[op.stage], end[dep] + hop if dep is not None else 0.0)
         end[op] = free[op.stage] = start + seconds[(op.stage, op.kind)]
     span = max(free)
     if span <= 0:
@@ -162,6 +179,7 @@ class Pipeline:
         batch_spec: PartitionSpec,
         remat: bool = False,
         reduce_grads: str = "microbatch",
+        extra_warmup: int = 0,
     ) -> None:
         if len(stages) != len(slices):
             raise ValueError(
@@ -175,7 +193,10 @@ class Pipeline:
         self.remat = remat
         self.reduce_grads = reduce_grads
         self.optimizer = optimizer
-        self.order = submission_order(stage_orders(len(stages), microbatches, schedule))
+        self.extra_warmup = extra_warmup
+        self.order = submission_order(
+            stage_orders(len(stages), microbatches, schedule, extra_warmup)
+        )
         n = len(stages)
         m = float(microbatches)
         self._fwd: list[RemoteFunction] = []
@@ -348,7 +369,7 @@ class Pipeline:
         t1 = max(b for v in spans.values() for _, b in v)
         busy = {s: _union(v) for s, v in sorted(spans.items())}
         per_stage = {s: 1.0 - b / (t1 - t0) if t1 > t0 else 0.0 for s, b in busy.items()}
-        orders = stage_orders(len(self.stages), self.microbatches, self.schedule)
+        orders = stage_orders(len(self.stages), self.microbatches, self.schedule, self.extra_warmup)
         needed = {(op.stage, op.kind) for order in orders for op in order}
         scheduled = (
             scheduled_bubble(orders, {k: float(np.median(times[k])) for k in needed})
@@ -403,6 +424,7 @@ def pipeline(
     batch_spec: PartitionSpec | None = None,
     remat: bool = False,
     reduce_grads: str = "microbatch",
+    extra_warmup: int = 0,
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -423,6 +445,14 @@ def pipeline(
     the whole microbatch), which gives the same result only for stages that treat rows
     independently (no statistics across the batch), and saves one all-reduce of each
     stage's parameters per microbatch.
+
+    ``extra_warmup`` (1F1B only) lets each stage run that many more forwards before its
+    first backward than the schedule's minimum (``S-1-s`` on stage ``s``). A backward
+    waits for its gradient from the next stage; with a forward still to run, the stage
+    runs that meanwhile instead of idling for the hop. Each one holds one more
+    microbatch's activations on the stage. The ideal bubble, with hops that take no
+    time, is the same; when a hop costs a noticeable part of a stage's program (small
+    programs, busy hosts), 1 recovers most of what the hops add to each step.
     """
     return Pipeline(
         stages,
@@ -434,4 +464,5 @@ def pipeline(
         batch_spec if batch_spec is not None else PartitionSpec(),
         remat,
         reduce_grads,
+        extra_warmup,
     )
