@@ -81,6 +81,20 @@ def _core(r: dict[str, Any]) -> list[Row]:
             f"{c['ratio']:.2f}x",
             "≥ 0.7x",
         ),
+        *(
+            [
+                (
+                    "the same calls through a lean reference path (client, controller and "
+                    "host over ZeroMQ, nothing else; calls/s)",
+                    f"JAX {_fmt(c['plain_jax_calls_per_s']['median'])}",
+                    _fmt(c["lean_path_calls_per_s"]["median"]),
+                    f"{c['lean_path_ratio']:.2f}x",
+                    "",
+                )
+            ]
+            if "lean_path_calls_per_s" in c
+            else []
+        ),
         (
             "round trip of a tiny program (ms)",
             f"JAX {1e3 * rt['plain_jax_s']['median']:.2f}",

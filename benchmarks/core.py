@@ -7,7 +7,10 @@ Two measurements, each side by side in one run:
 - round trip: a tiny program called and fetched one at a time (median per call);
 - chained: N dependent calls of a 4-device all-reduce + add program, waiting on every
   16th result in both modes (plain JAX aborts here with ~64+ collective programs
-  queued on CPU), reported as calls per second and as ours / plain JAX.
+  queued on CPU), reported as calls per second and as ours / plain JAX. Beside them,
+  the same calls through a lean reference path (``benchmarks._lean``: a client, a
+  controller and a host over ZeroMQ with nothing but the messages and the calls), which
+  says what three Python processes reach here before a runtime adds anything.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from benchmarks._common import WAIT_EVERY, chain, host_pids, machine, summary, timed, write
+from benchmarks._lean import LeanPath
 
 SIZE = 4 * 256
 
@@ -89,10 +93,21 @@ def ours(
     return measure(f, g, vs.put(np.ones(SIZE, np.float32), P("d")), calls, roundtrips, procs)
 
 
+def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float]]:
+    """Calls per second through the lean reference path, and CPU µs per call in each of
+    its processes."""
+    before = {k: sum(p.cpu_times()[:2]) for k, p in path.procs.items()}
+    seconds = path.chain(calls)
+    cpu = {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in path.procs.items()}
+    return calls / seconds, cpu
+
+
 def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
-    jax_chain, jax_rt, pw_chain, pw_rt = [], [], [], []
+    jax_chain, jax_rt, pw_chain, pw_rt, lean_chain = [], [], [], [], []
     jax_cpu: list[dict[str, float]] = []
     pw_cpu: list[dict[str, float]] = []
+    lean_cpu: list[dict[str, float]] = []
+    path = LeanPath()
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
         pw.Client(cluster) as client,
@@ -113,18 +128,23 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
             pw_chain.append(calls / c)
             pw_rt.append(r)
             pw_cpu.append(cpu)
+            rate, cpu = lean(path, calls)
+            lean_chain.append(rate)
+            lean_cpu.append(cpu)
+    path.close()
     chained: dict[str, Any] = {
         "plain_jax_calls_per_s": summary(jax_chain),
         "pathways_calls_per_s": summary(pw_chain),
+        "lean_path_calls_per_s": summary(lean_chain),
     }
-    chained["ratio"] = (
-        chained["pathways_calls_per_s"]["median"] / chained["plain_jax_calls_per_s"]["median"]
-    )
+    jax_median = chained["plain_jax_calls_per_s"]["median"]
+    chained["ratio"] = chained["pathways_calls_per_s"]["median"] / jax_median
+    chained["lean_path_ratio"] = chained["lean_path_calls_per_s"]["median"] / jax_median
     chained["target_ratio"] = 0.7
     # Where the time goes: CPU microseconds per chained call in each process (median).
     chained["cpu_us_per_call"] = {
         side: {k: 1e6 * statistics.median(c[k] for c in runs) for k in procs}
-        for side, runs in (("plain_jax", jax_cpu), ("pathways", pw_cpu))
+        for side, runs in (("plain_jax", jax_cpu), ("pathways", pw_cpu), ("lean_path", lean_cpu))
     }
     roundtrip: dict[str, Any] = {"plain_jax_s": summary(jax_rt), "pathways_s": summary(pw_rt)}
     roundtrip["ratio"] = roundtrip["pathways_s"]["median"] / roundtrip["plain_jax_s"]["median"]

@@ -261,6 +261,11 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     assert (
         exact["ratio"] > 0 and len(exact["ratio_per_round"]) == mpmd["pipeline"]["params"]["rounds"]
     )
+    assert mpmd["pipeline"]["params"]["extra_warmup"] == 1
+    assert mpmd["pipeline"]["standard_1f1b"]["bubble_ratio"] > 0
+    chained = json.loads((tmp_path / "core.json").read_text())["chained"]
+    assert chained["lean_path_ratio"] > 0
+    assert set(chained["cpu_us_per_call"]) == {"plain_jax", "pathways", "lean_path"}
     training = json.loads((tmp_path / "training.json").read_text())
     first = training["first_step_loss"]
     assert abs(first["pathways_nb"] - first["plain_jax"]) < 1e-4  # the same program
@@ -273,6 +278,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| measurement |") and "transfer" in table and "dispatch" in table
     assert "controller cost per program" in table
+    assert "lean reference path" in table and "standard 1F1B" in table
 
 
 def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
