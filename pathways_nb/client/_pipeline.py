@@ -194,9 +194,8 @@ class Pipeline:
         self.reduce_grads = reduce_grads
         self.optimizer = optimizer
         self.extra_warmup = extra_warmup
-        self.order = submission_order(
-            stage_orders(len(stages), microbatches, schedule, extra_warmup)
-        )
+        self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)
+        self.order = submission_order(self._orders)
         n = len(stages)
         m = float(microbatches)
         self._fwd: list[RemoteFunction] = []
@@ -369,10 +368,9 @@ class Pipeline:
         t1 = max(b for v in spans.values() for _, b in v)
         busy = {s: _union(v) for s, v in sorted(spans.items())}
         per_stage = {s: 1.0 - b / (t1 - t0) if t1 > t0 else 0.0 for s, b in busy.items()}
-        orders = stage_orders(len(self.stages), self.microbatches, self.schedule, self.extra_warmup)
-        needed = {(op.stage, op.kind) for order in orders for op in order}
+        needed = {(op.stage, op.kind) for order in self._orders for op in order}
         scheduled = (
-            scheduled_bubble(orders, {k: float(np.median(times[k])) for k in needed})
+            scheduled_bubble(self._orders, {k: float(np.median(times[k])) for k in needed})
             if needed <= times.keys()
             else None  # a partial step: some program never ran in these events
         )
@@ -452,7 +450,7 @@ def pipeline(
     runs that meanwhile instead of idling for the hop. Each one holds one more
     microbatch's activations on the stage. The ideal bubble, with hops that take no
     time, is the same; when a hop costs a noticeable part of a stage's program (small
-    programs, busy hosts), 1 recovers most of what the hops add to each step.
+    programs, busy hosts), 1 recovers much of what the hops add to each step.
     """
     return Pipeline(
         stages,
