@@ -304,9 +304,16 @@ class Sender:
     def _sock(self, address: str) -> DealerSocket:
         with self._lock:
             s = self._socks.get(address)
-            if s is None:
-                s = self._socks[address] = self._connect(address)
-        return s
+        if s is not None:
+            return s
+        # Dialled outside the lock: a host slow to answer (up to the dial's timeout)
+        # must not hold up the completion thread's sends to other hosts.
+        s = self._connect(address)
+        with self._lock:
+            other = self._socks.setdefault(address, s)
+        if other is not s:  # another thread connected meanwhile: keep one link
+            s.close(0)
+        return other
 
     def _connect(self, address: str) -> DealerSocket:
         # Blocking: a send returns once the kernel holds it, so the source may go.
