@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -22,24 +23,21 @@ import zmq
 
 from benchmarks._common import WAIT_EVERY
 
-SIZE = 4 * 256
 
-
-def _host(port_q: Any) -> None:
+def _host(program: Callable[[Any], Any], size: int, port_q: Any) -> None:
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     ).strip()
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
     sh = NamedSharding(mesh, P("d"))
-    spec = jax.ShapeDtypeStruct((SIZE,), np.float32, sharding=sh)
-    fn = jax.jit(lambda x: x + jnp.sum(x) * 1e-6, out_shardings=sh).lower(spec).compile()
-    store = {0: jax.device_put(np.ones(SIZE, np.float32), sh)}
+    spec = jax.ShapeDtypeStruct((size,), np.float32, sharding=sh)
+    fn = jax.jit(program, out_shardings=sh).lower(spec).compile()
+    store = {0: jax.device_put(np.ones(size, np.float32), sh)}
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     port_q.put(sock.bind_to_random_port("tcp://127.0.0.1"))
     while True:
@@ -79,12 +77,14 @@ def _controller(host_port: int, port_q: Any) -> None:
 
 
 class LeanPath:
-    """The three processes; :meth:`chain` times ``calls`` chained calls through them."""
+    """The three processes; :meth:`chain` times ``calls`` chained calls of ``program``
+    (a module-level function, so the host imports it) on a float32 array of ``size``
+    elements sharded over 4 devices."""
 
-    def __init__(self) -> None:
+    def __init__(self, program: Callable[[Any], Any], size: int) -> None:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        self._host = ctx.Process(target=_host, args=(q,), daemon=True)
+        self._host = ctx.Process(target=_host, args=(program, size, q), daemon=True)
         self._host.start()
         host_port = q.get(timeout=120)
         self._ctl = ctx.Process(target=_controller, args=(host_port, q), daemon=True)

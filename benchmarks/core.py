@@ -67,10 +67,18 @@ def measure(
         for _ in range(roundtrips):
             np.asarray(g(x0))
 
-    before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
-    seconds = timed(chained)
-    cpu = {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in procs.items()}
+    seconds, cpu = cpu_per_call(procs, lambda: timed(chained), calls)
     return seconds, timed(rt) / roundtrips, cpu
+
+
+def cpu_per_call(
+    procs: dict[str, psutil.Process], run: Any, calls: int
+) -> tuple[float, dict[str, float]]:
+    """What ``run()`` returns (its seconds), and the CPU seconds per call each process
+    of ``procs`` spent meanwhile."""
+    before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+    seconds = run()
+    return seconds, {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in procs.items()}
 
 
 def plain_jax(
@@ -96,9 +104,7 @@ def ours(
 def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float]]:
     """Calls per second through the lean reference path, and CPU µs per call in each of
     its processes."""
-    before = {k: sum(p.cpu_times()[:2]) for k, p in path.procs.items()}
-    seconds = path.chain(calls)
-    cpu = {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in path.procs.items()}
+    seconds, cpu = cpu_per_call(path.procs, lambda: path.chain(calls), calls)
     return calls / seconds, cpu
 
 
@@ -107,7 +113,7 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
     jax_cpu: list[dict[str, float]] = []
     pw_cpu: list[dict[str, float]] = []
     lean_cpu: list[dict[str, float]] = []
-    path = LeanPath()
+    path = LeanPath(allreduce_add, SIZE)
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
         pw.Client(cluster) as client,
