@@ -26,6 +26,18 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name} must be a number; got {raw!r}") from None
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = {"1": True, "true": True, "0": False, "false": False}.get(raw.strip().lower())
+    if value is None:
+        raise ValueError(
+            f"environment variable {name} must be 1 or 0 (true/false); got {raw!r}"
+        ) from None
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Runtime limits. Every field can be set by the ``PATHWAYS_<FIELD>`` variable."""
@@ -54,6 +66,9 @@ class Config:
     # the control plane's Python threads run first when both want a core (XLA's threads
     # spin for work before they sleep); 0 leaves them at the process's priority.
     cpu_device_nice: int = 19
+    # Whether those niced threads are also pinned round-robin to the process's cores:
+    # the kernel balances cores by load weight and would pack them all on one.
+    cpu_device_spread: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.cpu_device_nice <= 19:
@@ -80,6 +95,7 @@ class Config:
             ),
             put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
             cpu_device_nice=_env_int("PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
+            cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
         )
 
 

@@ -160,9 +160,9 @@ class Host:
         self._direct_ctl = sends_from_any_thread(self._ctl)
         self._direct_data = sends_from_any_thread(self._data)
         if self._own_process and self.devices and self.devices[0].platform == "cpu":
-            nice = self.config.cpu_device_nice
-            self.executor.programs.after_compile = lambda: lower_native_threads(nice)
-            lower_native_threads(nice)
+            nice, spread = self.config.cpu_device_nice, self.config.cpu_device_spread
+            self.executor.programs.after_compile = lambda: lower_native_threads(nice, spread)
+            lower_native_threads(nice, spread)
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)

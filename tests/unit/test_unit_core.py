@@ -201,6 +201,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "host_timeout_seconds": "9",
         "put_wait_seconds": "7",
         "cpu_device_nice": "5",
+        "cpu_device_spread": "0",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -216,6 +217,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         host_timeout_seconds=9.0,
         put_wait_seconds=7.0,
         cpu_device_nice=5,
+        cpu_device_spread=False,
     )
 
 
@@ -225,6 +227,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         ("PATHWAYS_INFLIGHT_WINDOW", "sixteen", "must be an integer; got 'sixteen'"),
         ("PATHWAYS_STORE_LIMIT_BYTES", "1.5e9", "must be an integer; got '1.5e9'"),
         ("PATHWAYS_LEASE_SECONDS", "30s", "must be a number; got '30s'"),
+        ("PATHWAYS_CPU_DEVICE_SPREAD", "yes", "must be 1 or 0 (true/false); got 'yes'"),
     ],
 )
 def test_a_bad_variable_is_named_in_the_error(

@@ -1,4 +1,5 @@
-"""Hosts on CPU devices lower the priority of XLA's threads, and of no Python thread."""
+"""Hosts on CPU devices lower the priority of XLA's threads and spread them over the cores,
+and leave every Python thread as it was."""
 
 from __future__ import annotations
 
@@ -31,15 +32,20 @@ _SCRIPT = textwrap.dedent(
             int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")
         }
 
-    before = nices()
+    def cores():
+        return {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+
+    before, cores_before = nices(), cores()
     changed = lower_native_threads(7)
     again = lower_native_threads(7)
     off = lower_native_threads(0)
-    after = nices()
+    after, cores_after = nices(), cores()
     stop.set()
     py.join()
     print(json.dumps({
         "before": before, "after": after, "changed": changed, "again": again, "off": off,
+        "cores_before": cores_before, "cores_after": cores_after,
+        "allowed": sorted(os.sched_getaffinity(0)), "pid": os.getpid(),
         "python": [threading.main_thread().native_id, py.native_id],
     }))
     """
@@ -60,3 +66,35 @@ def test_xla_threads_get_the_nice_value_and_python_threads_keep_theirs() -> None
     assert {r["after"][t] for t in python} == {0}
     assert r["changed"] == len(native)
     assert r["again"] == 0 and r["off"] == 0
+    # Python threads keep every core; XLA's go round-robin, one core each, in the order
+    # they started (from a core picked by the process id), so a pool's threads land on
+    # different cores.
+    allowed = r["allowed"]
+    assert all(r["cores_after"][t] == r["cores_before"][t] == allowed for t in python)
+    pinned = [r["cores_after"][t] for t in sorted(native, key=int)]
+    if len(allowed) > 1:
+        n = len(allowed)
+        assert pinned == [[allowed[(r["pid"] + i) % n]] for i in range(len(native))]
+    else:
+        assert all(c == allowed for c in pinned)
+
+
+def test_spreading_can_be_turned_off() -> None:
+    script = textwrap.dedent(
+        """
+        import json, os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        import jax
+        from pathways_nb.worker._priority import lower_native_threads
+
+        jax.local_devices()
+        lower_native_threads(5, spread=False)
+        allowed = sorted(os.sched_getaffinity(0))
+        cores = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
+        print(json.dumps({"same": all(c == allowed for c in cores)}))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"same": True}
