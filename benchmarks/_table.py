@@ -95,6 +95,7 @@ def _core(r: dict[str, Any]) -> list[Row]:
             if "lean_path_calls_per_s" in c
             else []
         ),
+        *([_cycle_row(c["cycle_ms"])] if "cycle_ms" in c else []),
         (
             "round trip of a tiny program (ms)",
             f"JAX {1e3 * rt['plain_jax_s']['median']:.2f}",
@@ -103,6 +104,22 @@ def _core(r: dict[str, Any]) -> list[Row]:
             "< 1 ms",
         ),
     ]
+
+
+def _cycle_row(m: dict[str, float]) -> Row:
+    legs = (
+        f"submitted {m['submitted']:.2f}, the controller has the first launch "
+        f"{m['controller_has_first']:.2f}, the host starts it {m['host_starts_first']:.2f}, "
+        f"has seen the last finish {m['host_ends_last']:.2f}, the client has the result "
+        f"{m['client_has_result']:.2f}"
+    )
+    return (
+        "the same calls: a cycle of 16 (ms from its first call)",
+        f"JAX {m['plain_jax']:.2f}",
+        legs,
+        f"{m['client_has_result'] / m['plain_jax']:.2f}x",
+        "",
+    )
 
 
 def _pipeline_rows(p: dict[str, Any]) -> list[Row]:

@@ -10,7 +10,11 @@ Two measurements, each side by side in one run:
   queued on CPU), reported as calls per second and as ours / plain JAX. Beside them,
   the same calls through a lean reference path (``benchmarks._lean``: a client, a
   controller and a host over ZeroMQ with nothing but the messages and the calls), which
-  says what three Python processes reach here before a runtime adds anything.
+  says what three Python processes reach here before a runtime adds anything. Then, in
+  a run of its own, where a cycle of 16 chained calls goes (``chained.cycle_ms``: from
+  the cycle's first call until the client has submitted them, the controller has the
+  first launch, the host starts it, the host has seen the last finish and the client
+  has the result; from the client's clock and the event log).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import statistics
+import time
 from typing import Any
 
 import jax
@@ -101,6 +106,53 @@ def ours(
     return measure(f, g, vs.put(np.ones(SIZE, np.float32), P("d")), calls, roundtrips, procs)
 
 
+def cycle_legs(client: pw.Client, f: Any, x0: Any, cycles: int) -> dict[str, float]:
+    """Where a cycle of ``WAIT_EVERY`` chained calls goes: median milliseconds from the
+    cycle's first call until the client has submitted them all, the controller has the
+    first launch, the host starts it, the host has seen the last one finish, and the
+    client has the last result. From the client's clock and the event log (one machine,
+    one clock), in a run of its own after the timed ones."""
+    t_first = time.time()
+    marks = []
+    x = x0
+    for _ in range(cycles):
+        start = time.time()
+        for _ in range(WAIT_EVERY):
+            x = f(x)
+        submitted = time.time()
+        x.block_until_ready()
+        marks.append((start, submitted, time.time()))
+    client.wait_all()  # the last acknowledgements, which log the ends, follow the result
+    ev = client.events(since=t_first)
+    ev = ev[ev.program == "allreduce_add"]
+    at = {
+        kind: dict(zip(rows.lid, rows.time.astype("int64") / 1e9, strict=True))
+        for kind, rows in ev.groupby("kind")
+    }
+    lids = sorted(at.get("launch", {}))
+    names = (
+        "submitted",
+        "controller_has_first",
+        "host_starts_first",
+        "host_ends_last",
+        "client_has_result",
+    )
+    legs: dict[str, list[float]] = {k: [] for k in names}
+    for c, (start, submitted, got) in enumerate(marks):
+        cycle = lids[c * WAIT_EVERY : (c + 1) * WAIT_EVERY]
+        if len(cycle) < WAIT_EVERY:
+            break  # the event log lost some (it is a bounded ring)
+        first, last = cycle[0], cycle[-1]
+        if first not in at.get("start", {}) or last not in at.get("end", {}):
+            continue
+        legs["submitted"].append(submitted - start)
+        legs["controller_has_first"].append(at["launch"][first] - start)
+        legs["host_starts_first"].append(at["start"][first] - start)
+        legs["host_ends_last"].append(at["end"][last] - start)
+        legs["client_has_result"].append(got - start)
+    return {k: 1e3 * statistics.median(v) for k, v in legs.items() if v}
+
+
 def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float]]:
     """Calls per second through the lean reference path, and CPU µs per call in each of
     its processes."""
@@ -137,6 +189,14 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
             rate, cpu = lean(path, calls)
             lean_chain.append(rate)
             lean_cpu.append(cpu)
+        vs = client.default_slice
+        assert vs is not None
+        legs = cycle_legs(
+            client,
+            pw.jit(allreduce_add, out_shardings=P("d")),
+            vs.put(np.ones(SIZE, np.float32), P("d")),
+            max(4, calls // WAIT_EVERY // 2),
+        )
     path.close()
     chained: dict[str, Any] = {
         "plain_jax_calls_per_s": summary(jax_chain),
@@ -152,6 +212,9 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
         side: {k: 1e6 * statistics.median(c[k] for c in runs) for k in procs}
         for side, runs in (("plain_jax", jax_cpu), ("pathways", pw_cpu), ("lean_path", lean_cpu))
     }
+    # And where a cycle of WAIT_EVERY calls goes (ms from its first call), beside plain
+    # JAX's whole cycle at its median rate.
+    chained["cycle_ms"] = dict(legs, plain_jax=1e3 * WAIT_EVERY / jax_median)
     roundtrip: dict[str, Any] = {"plain_jax_s": summary(jax_rt), "pathways_s": summary(pw_rt)}
     roundtrip["ratio"] = roundtrip["pathways_s"]["median"] / roundtrip["plain_jax_s"]["median"]
     roundtrip["target_pathways_s"] = 1e-3

@@ -266,6 +266,19 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     chained = json.loads((tmp_path / "core.json").read_text())["chained"]
     assert chained["lean_path_ratio"] > 0
     assert set(chained["cpu_us_per_call"]) == {"plain_jax", "pathways", "lean_path"}
+    legs = chained["cycle_ms"]
+    assert set(legs) == {
+        "submitted",
+        "controller_has_first",
+        "host_starts_first",
+        "host_ends_last",
+        "client_has_result",
+        "plain_jax",
+    }
+    # One clock: the host cannot start a launch before the controller has it, nor finish
+    # the last before it starts the first, and the client has the result after both.
+    assert 0 < legs["controller_has_first"] <= legs["host_starts_first"]
+    assert legs["host_starts_first"] <= legs["host_ends_last"] <= legs["client_has_result"]
     training = json.loads((tmp_path / "training.json").read_text())
     first = training["first_step_loss"]
     assert abs(first["pathways_nb"] - first["plain_jax"]) < 1e-4  # the same program
@@ -279,6 +292,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     assert table.startswith("| measurement |") and "transfer" in table and "dispatch" in table
     assert "controller cost per program" in table
     assert "lean reference path" in table and "standard 1F1B" in table
+    assert "a cycle of 16" in table
 
 
 def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
