@@ -128,10 +128,22 @@ def cycle_legs(client: pw.Client, fn: Any, x0: Any, cycles: int) -> dict[str, fl
     ev = client.events(since=t_first)
     ev = ev[ev.program == fn.__name__]
     at = {
-        kind: dict(zip(rows.lid, rows.time.astype("int64") / 1e9, strict=True))
-        for kind, rows in ev.groupby("kind")
+        kind: dict(zip(group.lid, group.time.astype("int64") / 1e9, strict=True))
+        for kind, group in ev.groupby("kind")
     }
-    lids = sorted(at.get("launch", {}))
+    launched, started, ended = (at.get(k, {}) for k in ("launch", "start", "end"))
+    lids = sorted(launched)
+    rows: list[list[float]] = []
+    for c, (start, submitted, got) in enumerate(marks):
+        cycle = lids[c * WAIT_EVERY : (c + 1) * WAIT_EVERY]
+        if len(cycle) < WAIT_EVERY:
+            break  # the event log lost some (it is a bounded ring)
+        first, last = cycle[0], cycle[-1]
+        if first in started and last in ended:
+            times = (submitted, launched[first], started[first], ended[last], got)
+            rows.append([t - start for t in times])
+    if not rows:
+        return {}
     names = (
         "submitted",
         "controller_has_first",
@@ -139,20 +151,8 @@ def cycle_legs(client: pw.Client, fn: Any, x0: Any, cycles: int) -> dict[str, fl
         "host_ends_last",
         "client_has_result",
     )
-    legs: dict[str, list[float]] = {k: [] for k in names}
-    for c, (start, submitted, got) in enumerate(marks):
-        cycle = lids[c * WAIT_EVERY : (c + 1) * WAIT_EVERY]
-        if len(cycle) < WAIT_EVERY:
-            break  # the event log lost some (it is a bounded ring)
-        first, last = cycle[0], cycle[-1]
-        if first not in at.get("start", {}) or last not in at.get("end", {}):
-            continue
-        legs["submitted"].append(submitted - start)
-        legs["controller_has_first"].append(at["launch"][first] - start)
-        legs["host_starts_first"].append(at["start"][first] - start)
-        legs["host_ends_last"].append(at["end"][last] - start)
-        legs["client_has_result"].append(got - start)
-    return {k: 1e3 * statistics.median(v) for k, v in legs.items() if v}
+    columns = zip(*rows, strict=True)
+    return {k: 1e3 * statistics.median(col) for k, col in zip(names, columns, strict=True)}
 
 
 def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float]]:
