@@ -2,7 +2,13 @@
 in batches on the completion thread, or at once where XLA finished them inline.
 
 The executor hands every launch it dispatched (or failed before dispatching) here, and
-waits for room before giving XLA more than the window allows. Shutdown: :meth:`stop`
+waits for room before giving XLA more than the window allows. A dispatched launch does
+not wake the completion thread by itself: the threads that dispatch call :meth:`reap`
+before they wait for more work, which records the launches XLA has already finished
+and wakes the completion thread once for the rest, instead of once for each launch
+(every sleep and wake of a thread costs tens of microseconds of CPU on a busy machine,
+as much as the Python around a launch). A launch someone waits for, a full window and a
+launch left unannounced for ``_ACK_DELAY`` wake it at once. Shutdown: :meth:`stop`
 queues a sentinel behind every launch; :meth:`loop` returns once it reaches it.
 """
 
@@ -10,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -79,13 +84,24 @@ class Completions:
         # JAX marks the array deleted, so waiting on it must not read as a failure of the
         # launch that made it.
         self.donated: set[int] = set()
-        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Launches handed over and not yet taken by the completion thread. Appending to
+        # a deque wakes nobody; _wake does, and _unseen_since says since when launches
+        # have been waiting unannounced (0.0: none).
+        self._queue: collections.deque[Any] = collections.deque()
+        self._wake = threading.Event()
+        self._unseen_since = 0.0
+        # Whether the completion thread holds no launch of its own (it waits for work,
+        # or has not started): only then may a dispatcher record launches itself (see
+        # reap), so each launch's start follows the end of the one before it.
+        self._idle = True
         # Called with the outputs of launches just finished or failed, once who waits
         # for them has been answered (the host's sender: sends waiting for them go now).
         self.on_computed: Callable[[list[int]], None] | None = None
 
     def wait_for_room(self) -> None:
         """Block until XLA holds fewer launches than the window."""
+        if self._in_xla >= self.window:
+            self.kick()
         with self._room:
             while self._in_xla >= self.window:
                 self._room.wait(0.1)
@@ -97,10 +113,68 @@ class Completions:
 
     def failed(self, item: Done) -> None:
         """A launch that failed before XLA ran it: acknowledged in order with the rest."""
-        self._done.put(item)
+        self._queue.append(item)
+        self._wake.set()
 
     def stop(self) -> None:
-        self._done.put(STOP)
+        self._queue.append(STOP)
+        self._wake.set()
+
+    def kick(self) -> None:
+        """Wake the completion thread for the launches dispatched since it last looked."""
+        if self._unseen_since:
+            self._unseen_since = 0.0
+            self._wake.set()
+
+    def reap(self) -> None:
+        """Called by a dispatching thread before it waits for more work: record here and
+        now the queued launches XLA has finished, oldest first, while the completion
+        thread has nothing of its own in hand; wake it for the rest.
+
+        The launches a host dispatches while XLA runs the ones before them are mostly
+        done by the time the dispatcher looks up: they need no thread woken at all.
+        """
+        if not self._queue:
+            return
+        if self._idle and self._finishing.acquire(blocking=False):
+            acks: list[Any] = []
+            computed: list[int] = []
+            finished: list[int] = []
+            try:
+                while self._queue:
+                    item = self._queue[0]
+                    if item is STOP or not _finished(item.leaves):
+                        break
+                    self._queue.popleft()
+                    acks.append(self._complete(item, computed))
+                    finished.extend(item.outs)
+                    self.completed += 1
+            finally:
+                self._finishing.release()
+            if acks:
+                self.store.mark_ready(computed)
+                if self.on_computed is not None:
+                    self.on_computed(finished)
+                self._send({"t": "acks", "items": acks})
+        self._unseen_since = 0.0
+        if self._queue:
+            self._wake.set()
+
+    def _hand_over(self, item: Done) -> None:
+        """Queue a dispatched launch; wake the completion thread only if it must look now:
+        someone waits for the launch, the window is full (the dispatcher is about to wait
+        for room), or launches have waited unannounced for ``_ACK_DELAY``."""
+        self._queue.append(item)
+        now = time.monotonic()
+        if (
+            self._in_xla >= self.window
+            or self.store.has_ready_waiters(item.outs)
+            or (self._unseen_since and now - self._unseen_since >= _ACK_DELAY)
+        ):
+            self._unseen_since = 0.0
+            self._wake.set()
+        elif not self._unseen_since:
+            self._unseen_since = now
 
     def dispatched(self, item: Done) -> None:
         """A launch is in XLA's hands; its completion is recorded by the completion thread,
@@ -121,7 +195,7 @@ class Completions:
             computed: list[int] = []
             try:
                 short = self._duration.get(item.name, _INLINE_WAIT + 1) <= _INLINE_WAIT
-                if self._done.empty() and (
+                if not self._queue and (
                     (short and self.store.has_ready_waiters(item.outs))
                     or all(_is_ready(leaf) for leaf in item.leaves or ())
                 ):
@@ -135,7 +209,7 @@ class Completions:
                     self.on_computed(item.outs)
                 self._send({"t": "acks", "items": [ack]})
                 return
-        self._done.put(item)
+        self._hand_over(item)
 
     def loop(self) -> None:
         acks: list[Any] = []
@@ -149,18 +223,27 @@ class Completions:
                 acks = []
 
         while True:
-            if not queued:
-                wait = None if not acks else max(0.0, oldest + _ACK_DELAY - time.monotonic())
-                try:
-                    queued.append(self._done.get(timeout=wait))
-                except queue.Empty:
-                    flush()  # nothing else finished in time: do not sit on them
+            if not queued and not self._queue:
+                # Launches in XLA that nobody announced are looked at after _ACK_DELAY
+                # even if no dispatcher kicks (one busy with a long message, say).
+                if acks:
+                    wait: float | None = max(0.0, oldest + _ACK_DELAY - time.monotonic())
+                else:
+                    wait = _ACK_DELAY if self._in_xla else None
+                self._idle = True
+                woke = self._wake.wait(wait)
+                self._idle = False
+                self._wake.clear()
+                if not self._queue:
+                    if not woke:
+                        flush()  # nothing else finished in time: do not sit on them
                     continue
-            while True:
-                try:
-                    queued.append(self._done.get_nowait())
-                except queue.Empty:
-                    break
+            # Under _finishing, so a dispatcher's reap never races this for the head.
+            with self._finishing:
+                while self._queue:
+                    queued.append(self._queue.popleft())
+            if not queued:
+                continue  # a dispatcher recorded them meanwhile
             count, expected = self._plan_wait(queued)
             if acks and expected >= _ACK_DELAY:
                 flush()  # about to wait long: send what is done first
@@ -273,6 +356,12 @@ def _wait_outputs(leaves: list[Any], donated: set[int]) -> None:
             # is the program's own failure.
             if id(leaf) not in donated and not leaf.is_deleted():
                 raise
+
+
+def _finished(leaves: list[Any] | None) -> bool:
+    """Whether XLA is done with a launch's outputs (a launch that failed before it ran
+    has none); an output a later launch donated is done."""
+    return all(leaf.is_deleted() or _is_ready(leaf) for leaf in leaves or ())
 
 
 def _is_ready(leaf: Any) -> bool:

@@ -261,10 +261,19 @@ class Executor:
 
     # programs -----------------------------------------------------------------------
     # dispatch thread ----------------------------------------------------------------
+    def _nothing_to_do(self) -> bool:
+        return self._busy or not (self._pending or self._retry or self._lot_expired())
+
     def _dispatch_loop(self) -> None:
         while True:
             with self._cv:
-                while self._busy or not (self._pending or self._retry or self._lot_expired()):
+                idle = self._nothing_to_do()
+            if idle:
+                # Before waiting (outside the lock: it may answer fetches): what this
+                # thread dispatched and XLA finished is recorded here, the rest handed on.
+                self.completions.reap()
+            with self._cv:
+                while self._nothing_to_do():
                     self._cv.wait(self._lot.seconds_to_deadline())
                 self._busy = True
                 if self._retry or self._lot_expired():

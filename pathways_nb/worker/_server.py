@@ -249,6 +249,9 @@ class Host:
         poller.register(self._outbox.socket, zmq.POLLIN)
         next_beat = time.monotonic() + _HEARTBEAT
         while not self._stopping.is_set():
+            # What this thread dispatched and XLA finished is recorded here; the rest
+            # goes to the completion thread as one run.
+            self.executor.completions.reap()
             ready = dict(poller.poll(int(_HEARTBEAT * 1000)))
             if time.monotonic() >= next_beat:
                 # Tells the controller this host still serves, where no cluster engine

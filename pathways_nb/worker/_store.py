@@ -186,14 +186,16 @@ class ObjectStore:
             return self._entries.get(handle)
 
     def drop(self, handles: Iterable[int]) -> int:
-        n = 0
+        # The arrays are freed once the lock is let go: freeing a JAX array lets go of
+        # the GIL, and a thread waiting for this lock meanwhile would wait for both.
+        dropped = []
         with self._lock:
             for h in handles:
                 entry = self._entries.pop(h, None)
                 if entry is not None:
                     self._bytes -= entry.nbytes
-                    n += 1
-        return n
+                    dropped.append(entry)
+        return len(dropped)
 
     def fail_waiters(self, make_error: Callable[[int], RemoteError]) -> None:
         """Answer every parked waiter with an error (the host is shutting down)."""

@@ -72,3 +72,38 @@ def test_a_launch_still_running_waits_for_the_completion_thread_in_order() -> No
     assert acked == [1, 2]
     starts = {item[0]: item[1] for msg in sent for item in msg["items"]}
     assert starts[2] >= starts[1]
+
+
+def test_the_dispatcher_records_what_xla_finished_when_it_goes_idle() -> None:
+    c, store, sent = _setup()
+    first = _Leaf(done=False)
+    _launch(c, store, 1, first)
+    _launch(c, store, 2, _Leaf(done=True))
+    c.reap()  # the first is still running: nothing is recorded out of order
+    assert sent == [] and c.completed == 0
+    first.done.set()
+    senders: list[str] = []
+    c._send = lambda msg: (senders.append(threading.current_thread().name), sent.append(msg))
+    c.reap()
+    # Recorded by the calling thread, oldest first, in one acknowledgement: no
+    # completion thread had to wake for them.
+    assert [item[0] for item in sent[0]["items"]] == [1, 2]
+    assert senders == [threading.current_thread().name] and c.completed == 2
+    answered: list[Entry] = []
+    store.when_ready(20, answered.append)
+    assert len(answered) == 1 and answered[0].ready
+
+
+def test_a_launch_nobody_announces_is_still_acknowledged_by_the_completion_thread() -> None:
+    c, store, sent = _setup()
+    slow = _Leaf(done=False)
+    _launch(c, store, 1, slow)  # handed over; its dispatcher never calls reap
+    loop = threading.Thread(target=c.loop)
+    loop.start()
+    slow.done.set()
+    deadline = time.monotonic() + 10
+    while c.completed < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    c.stop()
+    loop.join(10)
+    assert [item[0] for msg in sent for item in msg["items"]] == [1]
