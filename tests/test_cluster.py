@@ -295,6 +295,32 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     assert "a cycle of 16" in table
 
 
+def test_the_ab_benchmark_compares_a_checkout_with_itself(tmp_path: Path) -> None:
+    """``python -m benchmarks.ab``: two clusters at once, alternating cycles; against its
+    own checkout it measures the method's bias (no timing is asserted here)."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "ab.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.ab", str(root), "--pairs", "4", "--json", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=root,
+    )
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "ab" and result["params"]["pairs"] == 4
+    assert set(result["cycle_ms"]) == {"A", "B"} and min(result["cycle_ms"].values()) > 0
+    ratio = result["b_over_a"]
+    assert ratio["n"] == 4 and ratio["q1"] <= ratio["median"] <= ratio["q3"]
+    for bad, message in (
+        (["/nonexistent"], "is not a checkout of pathways_nb"),
+        ([str(root), "--env", "NOEQUALS"], "--env takes KEY=VALUE; got 'NOEQUALS'"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.ab", *bad], capture_output=True, text=True, cwd=root
+        )
+        assert proc.returncode != 0 and message in proc.stderr
+
+
 def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
     from IPython.terminal.interactiveshell import TerminalInteractiveShell
     from IPython.testing.globalipapp import start_ipython
