@@ -152,10 +152,7 @@ class Completions:
             finally:
                 self._finishing.release()
             if acks:
-                self.store.mark_ready(computed)
-                if self.on_computed is not None:
-                    self.on_computed(finished)
-                self._send({"t": "acks", "items": acks})
+                self._tell(computed, finished, acks)
         self._unseen_since = 0.0
         if self._queue:
             self._wake.set()
@@ -204,12 +201,17 @@ class Completions:
             finally:
                 self._finishing.release()
             if ack is not None:
-                self.store.mark_ready(computed)
-                if self.on_computed is not None:
-                    self.on_computed(item.outs)
-                self._send({"t": "acks", "items": [ack]})
+                self._tell(computed, item.outs, [ack])
                 return
         self._hand_over(item)
+
+    def _tell(self, computed: list[int], finished: list[int], acks: list[Any]) -> None:
+        """Answer who waits for launches a dispatcher just recorded, let the arrays other
+        hosts wait for leave, then acknowledge the launches."""
+        self.store.mark_ready(computed)
+        if self.on_computed is not None:
+            self.on_computed(finished)
+        self._send({"t": "acks", "items": acks})
 
     def loop(self) -> None:
         acks: list[Any] = []
@@ -225,7 +227,7 @@ class Completions:
         while True:
             if not queued and not self._queue:
                 # Launches in XLA that nobody announced are looked at after _ACK_DELAY
-                # even if no dispatcher kicks (one busy with a long message, say).
+                # even if no dispatcher reaps (one busy with a long message, say).
                 if acks:
                     wait: float | None = max(0.0, oldest + _ACK_DELAY - time.monotonic())
                 else:
