@@ -130,6 +130,43 @@ def test_placing_host_arrays_matches_device_put_for_every_layout(
                 np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
 
 
+def test_arrays_received_in_aligned_frames_become_device_buffers_without_a_copy() -> None:
+    """What the stream's aligned frames are for: XLA's CPU client keeps a host array
+    that starts on a 64-byte boundary as the device buffer itself (and copies one that
+    does not), for a sharded and a replicated layout; a program that donates such a
+    buffer leaves the received bytes as they were."""
+    from pathways_nb.wire._stream import aligned_frames
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    x = np.arange(16 * 1024, dtype=np.float32).reshape(16, 1024)
+    halves = [x[:8], x[8:]]
+    frames = aligned_frames([h.nbytes for h in halves])
+    received = []
+    for frame, half in zip(frames, halves, strict=True):
+        frame[:] = half.tobytes()
+        received.append(np.frombuffer(frame, np.float32).reshape(half.shape))
+    sharded = NamedSharding(mesh, P("x"))
+    regions = {((0, 8), (0, 1024)): received[0], ((8, 16), (0, 1024)): received[1]}
+    placed = from_regions(x.shape, x.dtype, sharded, regions)
+    addresses = [np.asarray(s.data).ctypes.data for s in placed.addressable_shards]
+    assert addresses == [r.ctypes.data for r in received]
+    (whole,) = aligned_frames([x.nbytes])
+    whole[:] = x.tobytes()
+    one = np.frombuffer(whole, np.float32).reshape(x.shape)
+    replicated = from_regions(
+        x.shape, x.dtype, NamedSharding(mesh, P()), {((0, 16), (0, 1024)): one}
+    )
+    assert {np.asarray(s.data).ctypes.data for s in replicated.addressable_shards} == {
+        one.ctypes.data
+    }
+    unaligned = np.frombuffer(frames[0], np.uint8)[4 : 4 + 4 * 1024].view(np.float32)
+    copied = from_regions((1024,), np.float32, NamedSharding(mesh, P()), {((0, 1024),): unaligned})
+    assert np.asarray(copied.addressable_shards[0].data).ctypes.data != unaligned.ctypes.data
+    doubled = jax.jit(lambda v: v * 2, donate_argnums=0, out_shardings=sharded)(placed)
+    np.testing.assert_array_equal(np.asarray(doubled), 2 * x)
+    np.testing.assert_array_equal(received[0], x[:8])
+
+
 def test_placing_scalars_narrow_and_wide_dtypes() -> None:
     mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
     scalar = from_host(np.array(3.5, np.float32), NamedSharding(mesh, P()))
