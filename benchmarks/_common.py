@@ -97,6 +97,46 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return base / tick, raised / tick
 
 
+def core_split(pid: int) -> dict[int, tuple[bool, float, float]]:
+    """Per thread of process ``pid``: whether it runs at a raised nice value (on hosts,
+    XLA's device threads), and its seconds so far on a core and waiting on the run
+    queue for one, from Linux's ``/proc/*/task/*/schedstat``; empty where that is not
+    there. See :func:`core_time` for the difference of two.
+
+    CPU seconds say what each process costs; the run-queue wait says who waited for a
+    core behind whom, which on a machine whose cores are all busy is where time goes.
+    """
+    out: dict[int, tuple[bool, float, float]] = {}
+    tasks = f"/proc/{pid}/task"
+    if not os.path.isdir(tasks):
+        return out
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/schedstat") as f:
+                run_ns, wait_ns = (int(v) for v in f.read().split()[:2])
+            with open(f"{tasks}/{tid}/stat") as f:
+                niced = int(f.read().rsplit(")", 1)[1].split()[16]) > 0
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # the thread ended meanwhile
+        out[int(tid)] = (niced, run_ns / 1e9, wait_ns / 1e9)
+    return out
+
+
+def core_time(
+    before: dict[int, tuple[bool, float, float]], after: dict[int, tuple[bool, float, float]]
+) -> dict[str, float]:
+    """Seconds on a core (``run``) and on the run queue (``wait``) between two
+    :func:`core_split` readings, for threads at the process's own priority and at a
+    raised nice value (``*_niced``). A thread that ended in between is left out."""
+    out = {"run": 0.0, "wait": 0.0, "run_niced": 0.0, "wait_niced": 0.0}
+    for tid, (niced, run, wait) in after.items():
+        _, run0, wait0 = before.get(tid, (niced, 0.0, 0.0))
+        suffix = "_niced" if niced else ""
+        out["run" + suffix] += run - run0
+        out["wait" + suffix] += wait - wait0
+    return out
+
+
 def write(result: dict[str, Any], path: str | None) -> None:
     text = json.dumps(result, indent=2, sort_keys=True)
     if path:

@@ -39,7 +39,17 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import WAIT_EVERY, chain, host_pids, machine, summary, timed, write
+from benchmarks._common import (
+    WAIT_EVERY,
+    chain,
+    core_split,
+    core_time,
+    host_pids,
+    machine,
+    summary,
+    timed,
+    write,
+)
 from benchmarks._lean import LeanPath
 
 SIZE = 4 * 256
@@ -53,9 +63,12 @@ def tiny(x: jax.Array) -> jax.Array:
     return x + 1
 
 
+Measured = tuple[float, float, dict[str, float], dict[str, dict[str, float]]]
+
+
 def measure(
     f: Any, g: Any, x0: Any, calls: int, roundtrips: int, procs: dict[str, psutil.Process]
-) -> tuple[float, float, dict[str, float]]:
+) -> Measured:
     """Seconds for ``calls`` chained calls of ``f``, per round trip of ``g``, and the CPU
     seconds per chained call that each process of ``procs`` spent meanwhile.
 
@@ -72,23 +85,28 @@ def measure(
         for _ in range(roundtrips):
             np.asarray(g(x0))
 
-    seconds, cpu = cpu_per_call(procs, lambda: timed(chained), calls)
-    return seconds, timed(rt) / roundtrips, cpu
+    seconds, cpu, core = cpu_per_call(procs, lambda: timed(chained), calls)
+    return seconds, timed(rt) / roundtrips, cpu, core
 
 
 def cpu_per_call(
     procs: dict[str, psutil.Process], run: Any, calls: int
-) -> tuple[float, dict[str, float]]:
-    """What ``run()`` returns (its seconds), and the CPU seconds per call each process
-    of ``procs`` spent meanwhile."""
+) -> tuple[float, dict[str, float], dict[str, dict[str, float]]]:
+    """What ``run()`` returns (its seconds); the CPU seconds per call each process of
+    ``procs`` spent meanwhile; and per call, the seconds its threads spent on a core and
+    waiting for one (see :func:`core_split`)."""
     before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+    cores = {k: core_split(p.pid) for k, p in procs.items()}
     seconds = run()
-    return seconds, {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in procs.items()}
+    cpu = {k: (sum(p.cpu_times()[:2]) - before[k]) / calls for k, p in procs.items()}
+    core = {
+        k: {f: v / calls for f, v in core_time(cores[k], core_split(p.pid)).items()}
+        for k, p in procs.items()
+    }
+    return seconds, cpu, core
 
 
-def plain_jax(
-    calls: int, roundtrips: int, procs: dict[str, psutil.Process]
-) -> tuple[float, float, dict[str, float]]:
+def plain_jax(calls: int, roundtrips: int, procs: dict[str, psutil.Process]) -> Measured:
     mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
     sh = NamedSharding(mesh, P("d"))
     f = jax.jit(allreduce_add, out_shardings=sh)
@@ -98,7 +116,7 @@ def plain_jax(
 
 def ours(
     client: pw.Client, calls: int, roundtrips: int, procs: dict[str, psutil.Process]
-) -> tuple[float, float, dict[str, float]]:
+) -> Measured:
     vs = client.default_slice
     assert vs is not None
     f = pw.jit(allreduce_add, out_shardings=P("d"))
@@ -155,11 +173,11 @@ def cycle_legs(client: pw.Client, fn: Any, x0: Any, cycles: int) -> dict[str, fl
     return {k: 1e3 * statistics.median(col) for k, col in zip(names, columns, strict=True)}
 
 
-def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float]]:
-    """Calls per second through the lean reference path, and CPU µs per call in each of
-    its processes."""
-    seconds, cpu = cpu_per_call(path.procs, lambda: path.chain(calls), calls)
-    return calls / seconds, cpu
+def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float], dict[str, dict[str, float]]]:
+    """Calls per second through the lean reference path, and per call the CPU and core
+    time of each of its processes (as :func:`cpu_per_call`)."""
+    seconds, cpu, core = cpu_per_call(path.procs, lambda: path.chain(calls), calls)
+    return calls / seconds, cpu, core
 
 
 def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
@@ -167,6 +185,11 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
     jax_cpu: list[dict[str, float]] = []
     pw_cpu: list[dict[str, float]] = []
     lean_cpu: list[dict[str, float]] = []
+    cores: dict[str, list[dict[str, dict[str, float]]]] = {
+        "plain_jax": [],
+        "pathways": [],
+        "lean_path": [],
+    }
     path = LeanPath(allreduce_add, SIZE)
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
@@ -180,17 +203,20 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
             "host": psutil.Process(host_pid),
         }
         for _ in range(repeats):
-            c, r, cpu = plain_jax(calls, roundtrips, procs)
+            c, r, cpu, core = plain_jax(calls, roundtrips, procs)
             jax_chain.append(calls / c)
             jax_rt.append(r)
             jax_cpu.append(cpu)
-            c, r, cpu = ours(client, calls, roundtrips, procs)
+            cores["plain_jax"].append(core)
+            c, r, cpu, core = ours(client, calls, roundtrips, procs)
             pw_chain.append(calls / c)
             pw_rt.append(r)
             pw_cpu.append(cpu)
-            rate, cpu = lean(path, calls)
+            cores["pathways"].append(core)
+            rate, cpu, core = lean(path, calls)
             lean_chain.append(rate)
             lean_cpu.append(cpu)
+            cores["lean_path"].append(core)
         vs = client.default_slice
         assert vs is not None
         x0 = vs.put(np.ones(SIZE, np.float32), P("d"))
@@ -209,6 +235,24 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
     chained["cpu_us_per_call"] = {
         side: {k: 1e6 * statistics.median(c[k] for c in runs) for k in procs}
         for side, runs in (("plain_jax", jax_cpu), ("pathways", pw_cpu), ("lean_path", lean_cpu))
+    }
+    # The machine's core time per call (its cores times the wall time per call, at the
+    # median rate) against what each process's threads spent on a core and waiting for
+    # one (``*_niced``: threads at a raised nice value, XLA's on hosts), medians in µs.
+    rates = {"plain_jax": jax_median, "pathways": chained["pathways_calls_per_s"]["median"]}
+    rates["lean_path"] = chained["lean_path_calls_per_s"]["median"]
+    ncores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    chained["core_us_per_call"] = {
+        side: {
+            "machine": 1e6 * (ncores or 1) / rates[side],
+            **{
+                proc: {
+                    f: 1e6 * statistics.median(run[proc][f] for run in runs) for f in runs[0][proc]
+                }
+                for proc in runs[0]
+            },
+        }
+        for side, runs in cores.items()
     }
     # And where a cycle of WAIT_EVERY calls goes (ms from its first call), beside plain
     # JAX's whole cycle at its median rate.

@@ -266,6 +266,15 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     chained = json.loads((tmp_path / "core.json").read_text())["chained"]
     assert chained["lean_path_ratio"] > 0
     assert set(chained["cpu_us_per_call"]) == {"plain_jax", "pathways", "lean_path"}
+    cores = chained["core_us_per_call"]
+    assert set(cores) == {"plain_jax", "pathways", "lean_path"}
+    for side in cores.values():
+        assert side["machine"] > 0
+        procs = {k: v for k, v in side.items() if k != "machine"}
+        assert set(procs) == {"client", "controller", "host"}
+        assert all(x >= 0 for v in procs.values() for x in v.values())
+    # The pathways host's XLA threads run niced (PATHWAYS_CPU_DEVICE_NICE): split apart.
+    assert cores["pathways"]["host"]["run_niced"] > 0
     legs = chained["cycle_ms"]
     assert set(legs) == {
         "submitted",
