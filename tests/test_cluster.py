@@ -104,6 +104,31 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
         assert all(f"{x.nbytes} B" in d for d in done.detail)
 
 
+def test_arrays_too_big_for_a_copy_are_placed_from_the_bytes_that_arrived(
+    local: pw.LocalCluster,
+) -> None:
+    """Arrays of every size between real processes: puts and transfers above the
+    stream's aligned-frame size (placed from the received bytes themselves) give the
+    same values as small ones, a program that donates one gives the right result, and
+    fetched values are read-only as ``np.asarray`` of a ``jax.Array`` is."""
+    with pw.Client(local) as client:
+        a = client.allocate({"x": 4})
+        b = client.allocate({"x": 2, "y": 2})
+        rng = np.random.default_rng(3)
+        for rows in (4, 256, 2048):  # 2 KiB, 128 KiB, 1 MiB
+            x = rng.standard_normal((rows, 128)).astype(np.float32)
+            xa = a.put(x, P("x"))
+            moved = pw.jit(lambda v: v, slice=b, in_shardings=P("x", "y"))(xa)
+            doubled = pw.jit(lambda v: v * 2, donate_argnums=0)(moved)
+            got = {"put": xa.fetch(), "moved": pw.jit(lambda v: v + 0, slice=b)(xa).fetch()}
+            got["doubled"] = doubled.fetch()
+            np.testing.assert_array_equal(got["put"], x)
+            np.testing.assert_array_equal(got["moved"], x)
+            np.testing.assert_array_equal(got["doubled"], 2 * x)
+            assert not any(v.flags.writeable for v in got.values()), rows
+            assert np.array(xa).flags.writeable
+
+
 def _thread_nices(pid: int) -> dict[int, int]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):

@@ -128,8 +128,12 @@ class RemoteArray:
         return self._client.fetch(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # A fetched value is a read-only view of the bytes that arrived (as np.asarray
+        # of a jax.Array is read-only); np.array(x), which asks for a copy, gets one.
         out = np.asarray(self.fetch())
-        return out.astype(dtype) if dtype is not None else out
+        if dtype is not None:
+            return out.astype(dtype)
+        return out.copy() if copy else out
 
     def item(self) -> Any:
         return np.asarray(self).item()

@@ -296,7 +296,11 @@ class Client(ProgramCalls):
             self._errors[handle] = exc
 
     def fetch(self, tree: Any) -> Any:
-        """Values of every RemoteArray in ``tree`` (any pytree), as NumPy arrays."""
+        """Values of every RemoteArray in ``tree`` (any pytree), as NumPy arrays.
+
+        They are read-only, as ``np.asarray`` of a ``jax.Array`` is (each one is a view
+        of the bytes that arrived, not a copy): ``np.array(x)`` gives one to change.
+        """
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
         remote = [x for x in leaves if isinstance(x, RemoteArray)]
         replies = iter(self._request(remote, "fetch"))
@@ -312,6 +316,7 @@ class Client(ProgramCalls):
                 if bufs
                 else np.zeros(shape, dtype)
             )
+            arr.flags.writeable = False
             if h.get("key_impl"):
                 out.append(jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=h["key_impl"]))
             else:
