@@ -104,7 +104,7 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
         assert all(f"{x.nbytes} B" in d for d in done.detail)
 
 
-def test_arrays_too_big_for_a_copy_are_placed_from_the_bytes_that_arrived(
+def test_arrays_of_every_size_cross_processes_and_come_back_read_only(
     local: pw.LocalCluster,
 ) -> None:
     """Arrays of every size between real processes: puts and transfers above the
