@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
 
@@ -71,24 +71,30 @@ def host_pids(client: Any) -> dict[str, int]:
     }
 
 
+def _threads(pid: int) -> Iterator[tuple[str, list[str]]]:
+    """Each thread of process ``pid`` still there: its id and the fields of its
+    ``/proc/*/task/*/stat`` after the command name (nice value at index 16)."""
+    tasks = f"/proc/{pid}/task"
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/stat") as f:
+                yield tid, f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+
+
 def cpu_split(pid: int) -> tuple[float, float]:
     """CPU seconds of process ``pid`` so far: (threads at the process's own priority,
     threads at a raised nice value). Hosts on CPU devices raise the nice value of XLA's
     threads (``PATHWAYS_CPU_DEVICE_NICE``), so for them this is (runtime, devices).
     Without Linux's /proc everything counts as the first."""
-    tasks = f"/proc/{pid}/task"
-    if not os.path.isdir(tasks):
+    if not os.path.isdir(f"/proc/{pid}/task"):
         import psutil
 
         return sum(psutil.Process(pid).cpu_times()[:2]), 0.0
     tick = os.sysconf("SC_CLK_TCK")
     base = raised = 0
-    for tid in os.listdir(tasks):
-        try:
-            with open(f"{tasks}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue  # the thread ended meanwhile
+    for _, fields in _threads(pid):
         ticks = int(fields[11]) + int(fields[12])
         if int(fields[16]) > 0:
             raised += ticks
@@ -107,18 +113,15 @@ def core_split(pid: int) -> dict[int, tuple[bool, float, float]]:
     core behind whom, which on a machine whose cores are all busy is where time goes.
     """
     out: dict[int, tuple[bool, float, float]] = {}
-    tasks = f"/proc/{pid}/task"
-    if not os.path.isdir(tasks):
+    if not os.path.isdir(f"/proc/{pid}/task"):
         return out
-    for tid in os.listdir(tasks):
+    for tid, fields in _threads(pid):
         try:
-            with open(f"{tasks}/{tid}/schedstat") as f:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 run_ns, wait_ns = (int(v) for v in f.read().split()[:2])
-            with open(f"{tasks}/{tid}/stat") as f:
-                niced = int(f.read().rsplit(")", 1)[1].split()[16]) > 0
         except (FileNotFoundError, ProcessLookupError, ValueError):
             continue  # the thread ended meanwhile
-        out[int(tid)] = (niced, run_ns / 1e9, wait_ns / 1e9)
+        out[int(tid)] = (int(fields[16]) > 0, run_ns / 1e9, wait_ns / 1e9)
     return out
 
 
