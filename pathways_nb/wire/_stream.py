@@ -218,14 +218,12 @@ class _Conn:
         if not got:
             self.closed = True
             return None
-        self._advance(got)
-        if self._at == len(frames):
-            msgs.append(frames)
-            self._frames = None
+        self._advance(got, msgs)
         return got
 
-    def _advance(self, n: int) -> None:
-        """Count ``n`` more bytes into the large message's frames, in order."""
+    def _advance(self, n: int, msgs: list[list[memoryview]]) -> None:
+        """Count ``n`` more bytes into the large message's frames, in order; the
+        message goes to ``msgs`` once they are full."""
         frames = self._frames
         assert frames is not None
         while n or (self._at < len(frames) and self._filled == len(frames[self._at])):
@@ -235,6 +233,9 @@ class _Conn:
             n -= step
             if self._filled == len(frames[self._at]):
                 self._at, self._filled = self._at + 1, 0
+        if self._at == len(frames):
+            msgs.append(frames)
+            self._frames = None
 
     def _parse(self, msgs: list[list[memoryview]]) -> None:
         buf = self._in
@@ -273,10 +274,8 @@ class _Conn:
                     frame[:k] = mv[at : at + k]
                     at += k
             self._frames, self._at, self._filled = frames, 0, 0
-            self._advance(take)
-            if self._at == len(frames):
-                msgs.append(frames)
-                self._frames = None
+            self._advance(take, msgs)
+            if self._frames is None:
                 pos = body_at + total
                 continue
             pos = len(buf)
