@@ -90,6 +90,13 @@ def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> Non
     # The devices are free again.
     again = client.allocate({"data": 4})
     assert again.size == 4
+    z = again.put(np.ones(4, np.float32), P("data"))
+    client.release(again)  # the same as again.release()
+    client.release(again)
+    with pytest.raises(pw.ClosedError, match="released"):
+        z.fetch()
+    with pytest.raises(TypeError, match="expects a VirtualSlice"):
+        client.release("s1")  # type: ignore[arg-type]
 
 
 def test_allocate_errors_say_what_is_free(client: pw.Client) -> None:

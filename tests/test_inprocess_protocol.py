@@ -113,7 +113,7 @@ def test_closing_a_cluster_closes_its_open_clients(caplog: pytest.LogCaptureFixt
     closing the cluster first closes them, and a put answered after its client left is
     dropped without an error on the host."""
     c = pw.InProcessCluster(1, 2)
-    client = c.client()
+    client = pw.Client(c)  # as with pw.LocalCluster; c.client() is the same
     vs = client.allocate({"x": 2})
     assert np.asarray(vs.put(np.ones(4, np.float32), P("x"))).sum() == 4
     pending = [vs.put(np.full(4, i, np.float32), P("x")) for i in range(8)]
@@ -125,8 +125,9 @@ def test_closing_a_cluster_closes_its_open_clients(caplog: pytest.LogCaptureFixt
     assert client.closed
     with pytest.raises(pw.ClosedError, match="client was closed"):
         np.asarray(pending[-1])
-    with pytest.raises(pw.ClosedError, match="cluster was closed"):
-        c.client()
+    for connect in (c.client, lambda: pw.Client(c)):
+        with pytest.raises(pw.ClosedError, match="cluster was closed"):
+            connect()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 

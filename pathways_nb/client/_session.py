@@ -52,9 +52,9 @@ class Client(ProgramCalls):
     ...     client = pw.Client(cluster)
     ...     vs = client.allocate({"data": 4})
 
-    ``address`` is a cluster object (``pw.LocalCluster`` or any Dask cluster whose
-    scheduler has the pathways preload) or a Dask scheduler address. ``controller=``
-    connects straight to a controller (the in-process tier passes its ``context`` too).
+    ``address`` is a cluster object (``pw.LocalCluster``, ``pw.InProcessCluster``, or
+    any Dask cluster whose scheduler has the pathways preload) or a Dask scheduler
+    address. ``controller=`` connects straight to a controller's address.
     """
 
     _current: ClassVar[Client | None] = None
@@ -69,12 +69,22 @@ class Client(ProgramCalls):
         weight: float = 1.0,
         timeout: float = 30.0,
     ) -> None:
+        adopt: Callable[[Client], None] | None = None
         if controller is None:
             if address is None:
                 raise ValueError(
-                    "pw.Client needs a cluster (pw.LocalCluster(...)) or a Dask scheduler "
-                    "address such as 'tcp://host:8786'"
+                    "pw.Client needs a cluster (pw.LocalCluster(...), pw.InProcessCluster(...)) "
+                    "or a Dask scheduler address such as 'tcp://host:8786'"
                 )
+            adopt = getattr(address, "adopt", None)
+            if adopt is not None:
+                # An in-process cluster: its sockets are inproc://, so this client
+                # shares its ZeroMQ context, and closing the cluster closes the client.
+                if getattr(address, "closed", False):
+                    raise ClosedError("this in-process cluster was closed; start a new one")
+                context = context or address.context
+                controller = address.controller_address
+        if controller is None:
             addr = getattr(address, "scheduler_address", address)
             if not isinstance(addr, str):
                 raise TypeError(
@@ -129,6 +139,8 @@ class Client(ProgramCalls):
         self._ids = HandleAllocator(self.tenant)
         Client._current = self
         self._finalizer = weakref.finalize(self, IOThread.stop, self._io)
+        if adopt is not None:
+            adopt(self)
 
     # lifecycle ------------------------------------------------------------------------
     @classmethod
@@ -225,6 +237,20 @@ class Client(ProgramCalls):
         if h["t"] == "refuse":
             raise VersionMismatchError(f"host at {address} refused this client: {h.get('reason')}")
         self._hosts_ok.add(address)
+
+    def release(self, vs: VirtualSlice) -> None:
+        """Free slice ``vs`` (as ``vs.release()``): its devices go back to the pool and
+        its arrays are deleted. Releasing twice is a no-op."""
+        if not isinstance(vs, VirtualSlice):
+            raise TypeError(
+                "client.release expects a VirtualSlice from client.allocate(...); "
+                f"got {type(vs).__name__}"
+            )
+        if vs._client is not self:
+            raise ValueError(
+                f"slice {vs.id!r} belongs to another client; release it with that client"
+            )
+        vs.release()
 
     def _release(self, vs: VirtualSlice) -> None:
         self._ask({"t": "release", "slice": vs.id})

@@ -59,15 +59,22 @@ class InProcessCluster:
     def controller_address(self) -> str:
         return self.controller.client_address
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def client(self, **kwargs: Any) -> Any:
-        """A new client connected to this cluster; closing the cluster closes it."""
+        """A new client connected to this cluster (as ``pw.Client(cluster)``); closing
+        the cluster closes it."""
         from pathways_nb.client import Client
 
+        return Client(self, **kwargs)
+
+    def adopt(self, client: Any) -> None:
+        """Called by a client connected to this cluster: it closes with the cluster."""
         if self._closed:
             raise ClosedError("this in-process cluster was closed; start a new one")
-        client = Client(controller=self.controller_address, context=self.context, **kwargs)
         self._clients.add(client)
-        return client
 
     def close(self) -> None:
         if self._closed:
