@@ -37,6 +37,43 @@ def test_put_fetch_roundtrip_dtypes_and_specs(client: pw.Client) -> None:
     assert tree["b"][1] == 7 and float(tree["b"][0]) == 3.5
 
 
+def test_put_takes_pytrees_with_one_spec_or_a_tree_of_them(client: pw.Client) -> None:
+    """As jax.device_put does: a dict (or another pytree node) of arrays comes back as
+    the same tree of RemoteArrays; a list stays one array-like, as np.asarray reads it."""
+    vs = client.allocate({"data": 2})
+    w, b = np.arange(8.0, dtype=np.float32).reshape(4, 2), np.ones(2, np.float32)
+    params = vs.put({"w": w, "b": b, "none": None}, {"w": P("data"), "b": P(), "none": None})
+    assert params["w"].spec == P("data") and params["b"].spec == P() and params["none"] is None
+    got = pw.fetch(params)
+    np.testing.assert_array_equal(got["w"], w)
+    np.testing.assert_array_equal(got["b"], b)
+    step = pw.jit(lambda p, x: x @ p["w"] + p["b"])
+    x = np.ones((3, 4), np.float32)
+    np.testing.assert_allclose(np.asarray(step(params, x)), x @ w + b)
+    pair = jax.tree_util.register_pytree_node_class  # a registered node, not a dict
+
+    @pair
+    class Pair:
+        def __init__(self, a: Any, b: Any) -> None:
+            self.a, self.b = a, b
+
+        def tree_flatten(self) -> tuple[tuple[Any, Any], None]:
+            return (self.a, self.b), None
+
+        @classmethod
+        def tree_unflatten(cls, aux: None, children: Any) -> Pair:
+            return cls(*children)
+
+    both = vs.put(Pair(w, b), P())
+    assert isinstance(both, Pair) and both.a.spec == P() and both.b.shape == (2,)
+    assert vs.put([1.0, 2.0], P("data")).shape == (2,)
+    with pytest.raises(ValueError, match="pytree of them matching"):
+        vs.put({"w": w}, {"w": P("data"), "extra": P()})
+    with pytest.raises(TypeError, match="PartitionSpec"):
+        vs.put({"w": w}, "data")
+    vs.release()
+
+
 def test_fetch_of_partly_replicated_layouts_on_a_2d_mesh(client: pw.Client) -> None:
     # Devices that hold the same region must not count twice, and regions that tile two
     # dimensions must land in place.
@@ -181,6 +218,8 @@ def test_slice_selection_rules(client: pw.Client) -> None:
         pw.jit(lambda x, y: x + y)(xa, xb)
     pinned = pw.jit(lambda x: x * 2, slice=b)
     assert pinned(xa).slice is b  # a pinned function moves its arguments (MPMD)
+    with pytest.raises(TypeError, match="takes a VirtualSlice"):
+        pw.jit(lambda x: x, slice=b.id)  # type: ignore[arg-type]
     g = pw.jit(lambda: jnp.arange(4.0))
     with b:
         assert g().slice is b

@@ -7,7 +7,7 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -16,9 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError, encode_spec
 from pathways_nb.client._remote import RemoteArray
-
-if TYPE_CHECKING:
-    from pathways_nb.client._slice import VirtualSlice
+from pathways_nb.client._slice import VirtualSlice
 
 
 class TraceError(PathwaysError, ValueError):
@@ -99,6 +97,11 @@ class RemoteFunction:
         overlap = set(self.static_argnums) & set(self.donate_argnums)
         if overlap:
             raise ValueError(f"arguments {sorted(overlap)} cannot be both static and donated")
+        if slice is not None and not isinstance(slice, VirtualSlice):
+            raise TypeError(
+                "pw.jit's slice= takes a VirtualSlice from client.allocate(...); got "
+                f"{type(slice).__name__} {slice!r}"
+            )
         self.slice = slice
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, fun)
