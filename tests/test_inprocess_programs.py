@@ -238,14 +238,45 @@ def test_host_callbacks_fail_at_trace_time(client: pw.Client) -> None:
         noisy(vs.put(np.ones(2, np.float32)))
 
 
+def test_pw_jit_functions_compose_as_nested_jax_jit(client: pw.Client) -> None:
+    """Called inside another traced function, a pw.jit function traces into it (as a
+    nested jax.jit does) instead of launching: inside pw.jit, jax.jit and jax.grad."""
+    vs = client.allocate({"data": 2})
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+
+    @pw.jit
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    scale = pw.jit(lambda v, n: v * n, static_argnums=1, out_shardings=P())
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return scale(layer(w, x), 2.0).sum()
+
+    want = jax.grad(loss)(jnp.asarray(w), jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(loss))(w, x)), want, rtol=1e-6)
+    rw, rx = vs.put(w, P()), vs.put(x, P("data"))
+    got = pw.jit(jax.grad(loss))(rw, rx)
+    assert got.slice is vs
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    out = pw.jit(lambda w, x: scale(layer(w, x), 3.0))(rw, rx)
+    assert out.spec == P()  # the inner out_shardings hold inside the outer program
+    np.testing.assert_allclose(np.asarray(out), 3 * np.tanh(x @ w), rtol=1e-6)
+
+
 def test_eval_shape_and_lower_work_as_in_jax(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     x = vs.put(np.ones((4, 3), np.float32), P("data"))
     f = pw.jit(lambda x: (x.sum(1), x.T))
     shapes = f.eval_shape(x)
     assert shapes[0].shape == (4,) and shapes[1].shape == (3, 4)
-    text = f.lower(x).as_text()
+    lowered = f.lower(x)
+    text = lowered.as_text()
     assert "stablehlo" in text or "mhlo" in text
+    assert lowered.out_info[1].shape == (3, 4)
+    with pytest.raises(TypeError, match="compiles on its slice's host"):
+        lowered.compile()
 
 
 def test_remote_array_arithmetic_and_indexing(client: pw.Client) -> None:
@@ -311,6 +342,7 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "mean(dtype=np.float32)": lambda t: t.mean(dtype=np.float32),
         "[None].squeeze(0)": lambda t: t[None].squeeze(0),
         "mT": lambda t: t.mT,
+        "copy": lambda t: t.copy(),
         "== 1": lambda t: t == 1,
         "!= x": lambda t: t != t[0],
         "[[2, 0]]": lambda t: t[np.array([2, 0])],
@@ -353,6 +385,11 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         operator.index(x[0, 0])
     with pytest.raises(ValueError, match="ambiguous"):
         bool(x)
+    assert x.tolist() == j.tolist() and x.sum().tolist() == j.sum().tolist()
+    assert f"{x.sum():.3f}" == f"{j.sum():.3f}" and f"{x[1, 2]:+.1e}" == f"{j[1, 2]:+.1e}"
+    with pytest.raises(TypeError, match="format"):  # as a jax.Array refuses it
+        f"{x:.3f}"
+    assert f"{x}" == repr(x)  # no spec: the repr, which never waits
 
 
 def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:

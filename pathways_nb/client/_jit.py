@@ -121,6 +121,8 @@ class RemoteFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from pathways_nb.client._session import Client
 
+        if _under_trace(args, kwargs):
+            return self._inline(args, kwargs)
         if self.slice is not None:
             return self.slice._client._call(self, args, kwargs)
         for a in args:
@@ -136,6 +138,35 @@ class RemoteFunction:
         )
         client = first._client if first is not None else Client.current()
         return client._call(self, args, kwargs)
+
+    def _inline(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Called inside another traced function (a pw.jit or jax.jit function, a
+        jax.grad, ...): trace into the caller's program, as a nested jax.jit does. Its
+        shardings become sharding constraints on the mesh the caller's inputs live on;
+        where they carry none, the caller's own shardings decide."""
+        dyn, static = self._split(args, kwargs)
+        leaves, treedef = jax.tree.flatten(dyn)
+        mesh = _mesh_of(leaves)
+        specs = self._leaf_specs(treedef)
+
+        def constrain(x: Any, spec: PartitionSpec | None) -> Any:
+            if mesh is None or spec is None or not getattr(x, "ndim", 0):
+                return x
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+        def body(*xs: Any) -> Any:
+            xs = tuple(constrain(x, sp) for x, sp in zip(xs, specs, strict=True))
+            out = self._apply(jax.tree.unflatten(treedef, list(xs)), static)
+            if self.out_shardings is None or mesh is None:
+                return out
+            flat_out, out_tree = jax.tree.flatten(out)
+            want = _broadcast_specs(self.out_shardings, out_tree)
+            return jax.tree.unflatten(
+                out_tree, [constrain(x, sp) for x, sp in zip(flat_out, want, strict=True)]
+            )
+
+        body.__name__ = self.name
+        return jax.jit(body)(*leaves)
 
     # the JAX-like extras ------------------------------------------------------------
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
@@ -153,7 +184,7 @@ class RemoteFunction:
         remote = next((x for x in leaves if _is_remote(x)), None)
         vs = self.slice or (remote.slice if remote is not None else None)
         platform = vs.platform if vs is not None else jax.default_backend()
-        return fn.trace(*avals).lower(lowering_platforms=(platform,))
+        return Lowered(self.name, fn.trace(*avals).lower(lowering_platforms=(platform,)))
 
     # helpers used by the client ------------------------------------------------------
     def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -325,6 +356,48 @@ def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec]:
     for spec, sub in zip(specs, subtrees, strict=True):
         out.extend([_spec_of(spec) or PartitionSpec()] * len(jax.tree.leaves(sub)))
     return out
+
+
+class Lowered:
+    """What ``jax.jit(...).lower`` gives (``as_text()``, ``compiler_ir()``,
+    ``cost_analysis()``, ...), lowered for the slice's abstract mesh. It is compiled
+    on the slice's host, once per device assignment, at the first call: the client
+    has no devices to compile for."""
+
+    def __init__(self, name: str, lowered: Any) -> None:
+        self._name = name
+        self._lowered = lowered
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._lowered, attr)
+
+    def __repr__(self) -> str:
+        return f"<pw.jit {self._name} lowered: {self._lowered!r}>"
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self._name} compiles on its slice's host, not in the client (which has no "
+            "devices for the slice's mesh): call the function to run it there, or read "
+            "this lowering with as_text(), compiler_ir() or cost_analysis()"
+        )
+
+
+def _under_trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether any argument is a JAX tracer: the call is part of a function being
+    traced, not a launch."""
+    return any(
+        isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
+    )
+
+
+def _mesh_of(leaves: Sequence[Any]) -> Any:
+    """The (abstract) mesh the first sharded input lives on, or None."""
+    for x in leaves:
+        sharding = getattr(jax.typeof(x), "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        if mesh is not None and not getattr(mesh, "empty", True):
+            return mesh
+    return None
 
 
 def _is_spec_leaf(x: Any) -> bool:

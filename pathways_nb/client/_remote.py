@@ -138,6 +138,18 @@ class RemoteArray:
     def item(self) -> Any:
         return np.asarray(self).item()
 
+    def tolist(self) -> Any:
+        """The value as nested Python lists (fetched), as ``jax.Array.tolist``."""
+        return np.asarray(self).tolist()
+
+    def __format__(self, spec: str) -> str:
+        # f"{x}" keeps the repr, which never waits; a format spec asks for the value,
+        # which a scalar formats as a number does (f"{loss:.4f}").
+        if not spec:
+            return str(self)
+        value = np.asarray(self)
+        return format(value[()] if value.ndim == 0 else value, spec)
+
     # Conversions to Python scalars fetch the value; arrays that cannot convert are
     # refused as a jax.Array refuses them, before anything is fetched.
     def _scalar(self) -> np.ndarray:
@@ -261,6 +273,7 @@ METHODS = (
     "argsort",
     "clip",
     "conj",
+    "copy",
     "cumprod",
     "cumsum",
     "diagonal",
