@@ -121,13 +121,14 @@ class RemoteFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from pathways_nb.client._session import Client
 
+        for a in args:
+            if type(a) is RemoteArray:  # the common case, checked first: a launch
+                vs = self.slice
+                return (a if vs is None else vs)._client._call(self, args, kwargs)
         if _under_trace(args, kwargs):
             return self._inline(args, kwargs)
         if self.slice is not None:
             return self.slice._client._call(self, args, kwargs)
-        for a in args:
-            if type(a) is RemoteArray:
-                return a._client._call(self, args, kwargs)
         first = next(
             (
                 x
