@@ -204,6 +204,17 @@ def test_donation_deletes_the_argument(client: pw.Client) -> None:
         x.fetch()
     with pytest.raises(pw.ClosedError):
         f(x)
+    with pytest.raises(ValueError, match="names argument 2, but the call passed 1"):
+        pw.jit(lambda x: x, donate_argnums=2)(y)  # as jax.jit refuses it
+
+
+def test_a_program_takes_only_its_own_clients_arrays(cluster: pw.InProcessCluster) -> None:
+    with pw.Client(cluster, name="alice") as alice, pw.Client(cluster, name="bob") as bob:
+        a, b = alice.allocate({"x": 2}), bob.allocate({"x": 2})
+        xa = a.put(np.ones(2, np.float32), P("x"))
+        with pytest.raises(ValueError, match=r"another pw\.Client"):
+            pw.jit(lambda v: v * 3, slice=b)(xa)
+        np.testing.assert_array_equal(np.asarray(pw.jit(lambda v: v * 3, slice=a)(xa)), 3.0)
 
 
 def test_slice_selection_rules(client: pw.Client) -> None:

@@ -251,6 +251,13 @@ class RemoteFunction:
         """Flat indices (among dynamic leaves) of the donated positional arguments."""
         if not self.donate_argnums:
             return set()
+        beyond = [i for i in self.donate_argnums if i >= len(args)]
+        if beyond:
+            raise ValueError(
+                f"{self.name}: donate_argnums={self.donate_argnums} names argument {beyond[0]}, "
+                f"but the call passed {len(args)} positional arguments (donated arguments "
+                "are positional, as in jax.jit)"
+            )
         out: set[int] = set()
         pos = 0
         for i, a in enumerate(args):

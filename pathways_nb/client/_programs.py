@@ -168,6 +168,12 @@ class ProgramCalls:
         x._check_usable()
         if x.slice is vs:
             return x
+        if x._client is not self:
+            raise ValueError(
+                f"an argument lives on slice {x.slice.name!r} of another pw.Client (tenant "
+                f"{x._client.tenant}); a client's programs take only its own arrays. Fetch "
+                "it there and put it on this client's slice."
+            )
         spec = _moved_spec(x, vs, spec)
         if rec is not None and rec.tracing:
             return rec.move(x, vs, spec)
