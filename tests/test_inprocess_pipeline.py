@@ -176,6 +176,24 @@ def test_reduce_grads_errors_say_what_to_pass(slices: list[pw.VirtualSlice]) -> 
         )
 
 
+def test_batch_and_stage_mistakes_are_named_before_anything_runs(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    x, y = _batch()
+    step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(0.1), microbatches=4)
+    params, state = step.init(_params(SIZES))
+    # Labels for half the rows would broadcast in the loss without a word.
+    with pytest.raises(ValueError, match=r"x has 64 rows and y 16"):
+        step(params, state, x, y[:16])
+    # A stage whose parameters do not fit its input: JAX's error, naming the stage.
+    bad = _params(SIZES)
+    bad[2] = jax.tree.map(lambda a: a[:-1] if a.ndim == 2 else a, bad[2])
+    params, state = step.init(bad)
+    with pytest.raises(TypeError, match="dot_general") as info:
+        step(params, state, x, y)
+    assert any("'stage2:layer.fwd'" in note for note in info.value.__notes__)
+
+
 def test_batches_already_on_the_slices_split_there_with_one_program_each(
     four: pw.Client, slices: list[pw.VirtualSlice]
 ) -> None:

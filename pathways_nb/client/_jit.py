@@ -323,6 +323,14 @@ class RemoteFunction:
                     "and print it after fetching."
                 ) from None
             raise
+        except Exception as exc:
+            # JAX's own error, kept as it is, with which program and inputs it came from
+            # (in a pipeline, which stage).
+            exc.add_note(
+                f"while tracing pw.jit program {self.name!r} for slice {vs.name!r} with "
+                f"inputs {', '.join(_aval_text(a) for a in avals) or '(none)'}"
+            )
+            raise
         out_specs: list[PartitionSpec | None] = []
         known = exp.out_shardings_jax(am)
         for aval, s in zip(exp.out_avals, known, strict=True):
@@ -388,6 +396,10 @@ class Lowered:
             "devices for the slice's mesh): call the function to run it there, or read "
             "this lowering with as_text(), compiler_ir() or cost_analysis()"
         )
+
+
+def _aval_text(a: jax.ShapeDtypeStruct) -> str:
+    return f"{getattr(a.dtype, 'name', a.dtype)}{list(a.shape)}"
 
 
 def _under_trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -286,6 +286,12 @@ class Pipeline:
         The old parameters and optimizer state are donated.
         """
         n = len(self.stages)
+        nx, ny = (np.shape(b)[0] if np.ndim(b) else None for b in (x, y))
+        if nx != ny:
+            raise ValueError(
+                f"x has {nx} rows and y {ny}: a step takes one row of y per row of x "
+                "(each microbatch's loss compares them row by row)"
+            )
         xs = self._split(x, self.slices[0], "x")
         ys = self._split(y, self.slices[-1], "y")
         acts: dict[tuple[int, int], Any] = {(0, i): v for i, v in enumerate(xs)}
