@@ -363,6 +363,12 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "at[[0, 3]].add(np)": lambda t: t.at[np.array([0, 3])].add(np.ones(6, np.float32)),
         "at[:, 0].multiply(t[:, 1])": lambda t: t.at[:, 0].multiply(t[:, 1]),
         "at[mask].set(0)": lambda t: t.at[v > 0].set(0.0),
+        # A mask that is itself an array on the slice: read, as a concrete jax.Array
+        # mask is, and applied where it is true.
+        "[t > 3]": lambda t: t[t > 3],
+        "[:, t[0] > -5]": lambda t: t[:, t[0] > -5],
+        "[t > 99]": lambda t: t[t > 99],
+        "at[t > 0].set(0)": lambda t: t.at[t > 0].set(0.0),
     }
     for name, fn in cases.items():
         got, want = fn(x), fn(j)

@@ -446,6 +446,21 @@ def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
     fixed: list[Any] = []
     keys: list[str] = []
     for p in parts:
+        if (
+            isinstance(p, RemoteArray)
+            and p.ndim
+            and _is_numpy_dtype(p.dtype)
+            and p.dtype == np.bool_
+        ):
+            # The result's shape depends on the mask's values, which a program cannot
+            # leave open: read the mask, as a jax.Array index reads a concrete one, and
+            # index with where it is true (NumPy's meaning of a mask), put on its slice
+            # so that one program serves every mask with as many true entries.
+            for where in np.nonzero(np.asarray(p)):
+                fixed.append(Dynamic(len(arrays)))
+                keys.append(f"remote{len(arrays)}")
+                arrays.append(p.slice.put(where.astype(np.int32)))
+            continue
         if isinstance(p, RemoteArray):
             fixed.append(Dynamic(len(arrays)))
             keys.append(f"remote{len(arrays)}")
@@ -459,7 +474,7 @@ def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
                 f"ints or bools, and RemoteArrays; got {type(p).__name__}"
             ) from None
         fixed.append(p)
-    rebuilt: Any = tuple(fixed) if isinstance(index, tuple) else fixed[0]
+    rebuilt: Any = tuple(fixed) if isinstance(index, tuple) or len(fixed) != 1 else fixed[0]
     return ",".join(keys), rebuilt, arrays
 
 
