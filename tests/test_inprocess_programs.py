@@ -206,6 +206,11 @@ def test_donation_deletes_the_argument(client: pw.Client) -> None:
         f(x)
     with pytest.raises(ValueError, match="names argument 2, but the call passed 1"):
         pw.jit(lambda x: x, donate_argnums=2)(y)  # as jax.jit refuses it
+    # Passed by keyword, a donated argument is found through the signature, as in jax.jit.
+    by = vs.put(np.full(4, 2.0, np.float32), P("data"))
+    z = pw.jit(lambda a, by: a * by, donate_argnums=1)(y, by=by)
+    np.testing.assert_array_equal(z.fetch(), 2 * np.arange(1, 5, dtype=np.float32))
+    assert by.is_deleted() and not y.is_deleted()
 
 
 def test_a_program_takes_only_its_own_clients_arrays(cluster: pw.InProcessCluster) -> None:

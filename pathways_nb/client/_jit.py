@@ -248,15 +248,23 @@ class RemoteFunction:
         return out
 
     def _donated_leaves(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
-        """Flat indices (among dynamic leaves) of the donated positional arguments."""
+        """Flat indices (among dynamic leaves) of the donated arguments: those
+        ``donate_argnums`` names, passed by position or, through the function's
+        signature, by keyword (as jax.jit maps them)."""
         if not self.donate_argnums:
             return set()
-        beyond = [i for i in self.donate_argnums if i >= len(args)]
+        names = list(self._signature.parameters) if self._signature is not None else []
+        by_name = {names[i] for i in self.donate_argnums if i < len(names)}
+        beyond = [
+            i
+            for i in self.donate_argnums
+            if i >= len(args) and (i >= len(names) or names[i] not in kwargs)
+        ]
         if beyond:
             raise ValueError(
                 f"{self.name}: donate_argnums={self.donate_argnums} names argument {beyond[0]}, "
-                f"but the call passed {len(args)} positional arguments (donated arguments "
-                "are positional, as in jax.jit)"
+                f"but the call passed {len(args)} positional arguments and no keyword for it "
+                "(as jax.jit refuses it)"
             )
         out: set[int] = set()
         pos = 0
@@ -265,6 +273,12 @@ class RemoteFunction:
                 continue
             n = len(jax.tree.leaves(a, is_leaf=_is_remote))
             if i in self.donate_argnums:
+                out.update(range(pos, pos + n))
+            pos += n
+        # Keyword arguments follow, in the sorted order a dict flattens in.
+        for k in sorted(k for k in kwargs if k not in self.static_argnames):
+            n = len(jax.tree.leaves(kwargs[k], is_leaf=_is_remote))
+            if k in by_name:
                 out.update(range(pos, pos + n))
             pos += n
         return out
