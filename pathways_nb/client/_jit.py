@@ -125,18 +125,14 @@ class RemoteFunction:
             if type(a) is RemoteArray:  # the common case, checked first: a launch
                 vs = self.slice
                 return (a if vs is None else vs)._client._call(self, args, kwargs)
-        if _under_trace(args, kwargs):
+        # One walk over the arguments: a tracer among them means the call is part of
+        # a function being traced (inline it); else the first RemoteArray names the client.
+        leaves = jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return self._inline(args, kwargs)
         if self.slice is not None:
             return self.slice._client._call(self, args, kwargs)
-        first = next(
-            (
-                x
-                for x in jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
-                if isinstance(x, RemoteArray)
-            ),
-            None,
-        )
+        first = next((x for x in leaves if isinstance(x, RemoteArray)), None)
         client = first._client if first is not None else Client.current()
         return client._call(self, args, kwargs)
 
@@ -414,14 +410,6 @@ class Lowered:
 
 def _aval_text(a: jax.ShapeDtypeStruct) -> str:
     return f"{getattr(a.dtype, 'name', a.dtype)}{list(a.shape)}"
-
-
-def _under_trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether any argument is a JAX tracer: the call is part of a function being
-    traced, not a launch."""
-    return any(
-        isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs), is_leaf=_is_remote)
-    )
 
 
 def _mesh_of(leaves: Sequence[Any]) -> Any:
