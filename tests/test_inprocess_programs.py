@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import operator
+import pickle
 from typing import Any
 
 import jax
@@ -359,6 +361,11 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "[None].squeeze(0)": lambda t: t[None].squeeze(0),
         "mT": lambda t: t.mT,
         "copy": lambda t: t.copy(),
+        "view(int32)": lambda t: t.view(jnp.int32),
+        "ptp(axis=0)": lambda t: t.ptp(axis=0),
+        "ravel().searchsorted(2.5)": lambda t: t.ravel().searchsorted(2.5),
+        "[:, 0].argpartition(2)": lambda t: t[:, 0].argpartition(2),
+        "conjugate": lambda t: t.conjugate(),
         "== 1": lambda t: t == 1,
         "!= x": lambda t: t != t[0],
         "[[2, 0]]": lambda t: t[np.array([2, 0])],
@@ -412,6 +419,31 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     with pytest.raises(TypeError, match="format"):  # as a jax.Array refuses it
         f"{x:.3f}"
     assert f"{x}" == repr(x)  # no spec: the repr, which never waits
+
+
+def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:
+    """``itemsize``, ``aval`` and ``is_fully_replicated`` read as on a jax.Array without
+    running anything; ``copy.copy``/``copy.deepcopy`` make new arrays on the slice (a
+    snapshot of a parameter tree stays remote); pickling is refused, saying what to
+    pickle instead."""
+    vs = client.allocate({"data": 2, "model": 1})
+    v = np.arange(8, dtype=np.float16).reshape(4, 2)
+    x, j = vs.put(v, P("data")), jnp.asarray(v)
+    assert (x.itemsize, x.aval, x.nbytes) == (j.itemsize, j.aval, j.nbytes)
+    assert not x.is_fully_replicated
+    assert vs.put(v, P()).is_fully_replicated and vs.put(v, P("model")).is_fully_replicated
+    assert x.tobytes() == j.tobytes()
+    params = {"w": [x], "b": vs.put(np.ones(2, np.float32), P())}
+    snap = copy.deepcopy(params)
+    assert snap["w"][0] is not x and snap["w"][0].handle != x.handle
+    assert snap["w"][0].slice is vs and snap["w"][0].spec == x.spec
+    np.testing.assert_array_equal(np.asarray(snap["w"][0]), v)
+    shallow = copy.copy(x)
+    assert shallow is not x and np.array_equal(np.asarray(shallow), v)
+    x.delete()  # the copies are arrays of their own
+    np.testing.assert_array_equal(np.asarray(snap["w"][0]), v)
+    with pytest.raises(TypeError, match=r"cannot be pickled.*np.asarray\(x\)"):
+        pickle.dumps(params)
 
 
 def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:

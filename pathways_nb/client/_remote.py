@@ -6,7 +6,7 @@ import hashlib
 import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -86,8 +86,26 @@ class RemoteArray:
         return self.size * np.dtype(self.dtype).itemsize if _is_numpy_dtype(self.dtype) else 0
 
     @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize if _is_numpy_dtype(self.dtype) else 0
+
+    @property
     def spec(self) -> Any:
         return self.sharding.spec
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        """Whether every device of the slice holds the whole array (its spec splits it
+        over no mesh axis larger than one device)."""
+        sizes = dict(self.sharding.mesh.shape)
+        return math.prod(sizes[a] for a in _spec_axes(self.spec)) == 1
+
+    @property
+    def aval(self) -> Any:
+        """The abstract value (``jax.core.ShapedArray``) a program traces this array as."""
+        from jax.core import ShapedArray
+
+        return ShapedArray(self.shape, self.dtype, weak_type=self.weak_type)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -141,6 +159,26 @@ class RemoteArray:
     def tolist(self) -> Any:
         """The value as nested Python lists (fetched), as ``jax.Array.tolist``."""
         return np.asarray(self).tolist()
+
+    def tobytes(self, order: Literal["C", "F", "A", "K"] = "C") -> bytes:
+        """The value's bytes (fetched), as ``jax.Array.tobytes``."""
+        return np.asarray(self).tobytes(order=order)
+
+    # copy.copy and copy.deepcopy give a new array on the slice, as they do for a
+    # jax.Array (a snapshot of parameters with copy.deepcopy(params) stays remote).
+    def __copy__(self) -> RemoteArray:
+        return self.copy()  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RemoteArray:
+        return self.copy()  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            f"a RemoteArray cannot be pickled: it names an array (shape {self.shape}) held "
+            f"by a host of this client's cluster, on slice {self.slice.name!r}, and means "
+            "nothing elsewhere. Pickle its value instead: np.asarray(x), or pw.fetch(tree) "
+            "for a tree of them"
+        )
 
     def __format__(self, spec: str) -> str:
         # f"{x}" keeps the repr, which never waits; a format spec asks for the value,
@@ -270,9 +308,11 @@ METHODS = (
     "any",
     "argmax",
     "argmin",
+    "argpartition",
     "argsort",
     "clip",
     "conj",
+    "conjugate",
     "copy",
     "cumprod",
     "cumsum",
@@ -283,9 +323,11 @@ METHODS = (
     "mean",
     "min",
     "prod",
+    "ptp",
     "ravel",
     "repeat",
     "round",
+    "searchsorted",
     "sort",
     "squeeze",
     "std",
@@ -295,6 +337,7 @@ METHODS = (
     "trace",
     "transpose",
     "var",
+    "view",
 )
 for _m in METHODS:
     setattr(RemoteArray, _m, _method(_m))
@@ -345,6 +388,14 @@ class _AtIndex:
 
     def get(self, **kwargs: Any) -> RemoteArray:
         return self._update("get", **kwargs)
+
+
+def _spec_axes(spec: Any) -> Iterator[str]:
+    """The mesh axis names a PartitionSpec splits over."""
+    for entry in spec:
+        if entry is None:
+            continue
+        yield from (entry,) if isinstance(entry, str) else entry
 
 
 def _dtype_name(dtype: Any) -> str:
