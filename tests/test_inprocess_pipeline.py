@@ -185,6 +185,10 @@ def test_batch_and_stage_mistakes_are_named_before_anything_runs(
     # Labels for half the rows would broadcast in the loss without a word.
     with pytest.raises(ValueError, match=r"x has 64 rows and y 16"):
         step(params, state, x, y[:16])
+    # Rows that microbatches do not divide, from NumPy or already on the slices.
+    for xb, yb in ((x[:62], y[:62]), (slices[0].put(x[:62]), slices[-1].put(y[:62]))):
+        with pytest.raises(ValueError, match=r"62 rows, which do not split into microbatches=4"):
+            step(params, state, xb, yb)
     # A stage whose parameters do not fit its input: JAX's error, naming the stage.
     bad = _params(SIZES)
     bad[2] = jax.tree.map(lambda a: a[:-1] if a.ndim == 2 else a, bad[2])

@@ -253,15 +253,17 @@ class Pipeline:
 
     def _split(self, batch: Any, vs: VirtualSlice, what: str) -> list[RemoteArray]:
         m = self.microbatches
-        if isinstance(batch, RemoteArray):
-            if batch.shape[0] % m:
-                raise ValueError(f"{what} of {batch.shape[0]} rows does not split into {m}")
-            return list(self._splitter(vs)(batch))
-        arr = np.asarray(batch)
-        if arr.shape[0] % m:
+        remote = isinstance(batch, RemoteArray)
+        arr = batch if remote else np.asarray(batch)
+        rows = arr.shape[0] if arr.ndim else 0
+        if not rows or rows % m:
             raise ValueError(
-                f"{what} has {arr.shape[0]} rows, which do not split into {m} microbatches"
+                f"{what} has {rows} rows, which do not split into microbatches={m}: pass a "
+                f"batch whose first dimension is a multiple of {m}, or choose microbatches "
+                "that divide it"
             )
+        if remote:
+            return list(self._splitter(vs)(batch))
         return [vs.put(part, self.batch_spec) for part in np.split(arr, m)]
 
     def _splitter(self, vs: VirtualSlice) -> RemoteFunction:
