@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
+import psutil
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -71,6 +72,32 @@ def test_store_memory_limit() -> None:
         assert info.value.program == "grow"
         np.testing.assert_array_equal((small + 1).fetch(), np.full(4096, 2.0, np.float32))
         client.close()
+
+
+def test_a_program_the_machines_memory_cannot_hold_is_refused_before_it_runs(
+    client: pw.Client,
+) -> None:
+    """A CPU host's devices allocate from the machine's memory, where running out ends the
+    host: a launch whose outputs cannot fit fails as a value instead, and the host serves
+    on. A fetch the client's machine cannot hold is refused in the client."""
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones(4, np.float32), P("data"))
+    rows = 2 * psutil.virtual_memory().total // (4 * 1024)  # twice the machine, per device
+    huge = pw.jit(lambda x: jax.numpy.zeros((rows, 1024)) + x.sum(), name="huge")
+    y = huge(x)
+    with pytest.raises(pw.ResourceExhaustedError, match="would allocate") as info:
+        y.block_until_ready()
+    assert info.value.program == "huge" and info.value.host == vs.host
+    assert "available of" in str(info.value) and "shard replicated outputs" in str(info.value)
+    with pytest.raises(pw.ResourceExhaustedError, match="would allocate"):
+        (y + 1).block_until_ready()  # its consumers fail with the same cause
+    # Fetching an array this machine cannot hold is refused before a byte moves.
+    with pytest.raises(pw.ResourceExhaustedError, match=r"fetching .* GiB .*\(x\[:1000\]\)"):
+        pw.fetch({"y": y, "x": x})
+    # A program above the size that is checked, which fits, runs (80 MiB: 40 on each device).
+    fits = pw.jit(lambda x: jax.numpy.zeros((10 * 1024, 1024)) + x.sum(), name="fits")
+    assert float(fits(x)[-1, -1]) == 4.0
+    np.testing.assert_array_equal((x + 1).fetch(), np.full(4, 2.0, np.float32))
 
 
 def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> None:

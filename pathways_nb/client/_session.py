@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import jax
 import numpy as np
+import psutil
 import zmq
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -23,6 +24,7 @@ from pathways_nb._core import (
     HandleAllocator,
     PathwaysError,
     RemoteError,
+    ResourceExhaustedError,
     VersionMismatchError,
     as_bytes,
     decode_dtype,
@@ -329,6 +331,7 @@ class Client(ProgramCalls):
         """
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
         remote = [x for x in leaves if isinstance(x, RemoteArray)]
+        _check_fetch_fits(remote)
         replies = iter(self._request(remote, "fetch"))
         out = []
         for leaf in leaves:
@@ -522,6 +525,31 @@ def graph(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> DataflowGraph:
     """The dataflow graph of ``fn(*args, **kwargs)`` on the current client; see
     :meth:`Client.graph`."""
     return Client.current().graph(fn, *args, **kwargs)
+
+
+# Fetches smaller than this are not checked against the machine's free memory (reading
+# it costs ~30 µs, as much as a small fetch's own work).
+_FETCH_CHECK_FROM = 64 << 20
+
+
+def _check_fetch_fits(xs: Sequence[RemoteArray]) -> None:
+    """Refuse a fetch that this machine's memory cannot take: the kernel would end the
+    notebook's process (or a host's, on the same machine) part way through it."""
+    need = sum(x.nbytes for x in xs)
+    if need < _FETCH_CHECK_FROM:
+        return
+    memory = psutil.virtual_memory()
+    reserve = max(256 << 20, memory.total // 20)
+    if need <= memory.available - reserve:
+        return
+    gib = 2**30
+    raise ResourceExhaustedError(
+        f"fetching {need / gib:.2f} GiB ({len(xs)} array{'s' if len(xs) > 1 else ''}, the "
+        f"largest {max(xs, key=lambda x: x.nbytes)!r}) would not fit in this machine's "
+        f"memory: {memory.available / gib:.2f} GiB available of {memory.total / gib:.2f} GiB. "
+        "Fetch a part of it (x[:1000]), reduce it on its slice first (x.mean(axis=0)), or "
+        "keep it remote and pass it to the next program"
+    )
 
 
 def fetch(tree: Any) -> Any:

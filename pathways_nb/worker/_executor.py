@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding
 from pathways_nb._core import RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._memory import CHECK_FROM, MemoryGuard, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs
 from pathways_nb.worker._store import Entry, ObjectStore
@@ -33,8 +34,9 @@ log = logging.getLogger("pathways_nb.worker")
 _RESUME = object()
 
 
-# A compiled launch's program, executable and donated argument indices.
-_Plan = tuple[Program, Any, tuple[int, ...]]
+# A compiled launch's program, executable, donated argument indices and the bytes it
+# allocates on this host's devices when it runs (see _memory).
+_Plan = tuple[Program, Any, tuple[int, ...], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Executor:
         self._reported_parked: set[int] = set()
         self._put_wait = put_wait
         self.programs = Programs(host, devices)
+        self.memory = MemoryGuard(host, enabled=all(d.platform == "cpu" for d in devices))
         self._faults: list[tuple[str, str]] = []
         # Work waiting for the dispatch thread; _busy while one item runs (on the
         # dispatch thread or inline on the socket thread), so order is kept.
@@ -488,7 +491,7 @@ class Executor:
         ``t0`` is when the launch began here, if earlier than now (it had to compile).
         """
         t0 = time.time() if t0 is None else t0
-        prog, fn, donate = plan
+        prog, fn, donate, need = plan
         outs = h["outs"]
         sname = h.get("name", h["slice"])
         try:
@@ -500,6 +503,8 @@ class Executor:
             if self.store.limit:
                 freeing = sum(entries[i].nbytes for i in donate)
                 self.store.reserve_check(prog.total_nbytes, freeing)
+            if need >= CHECK_FROM:
+                self.memory.check(need, prog.name, sname)
             donated = [args[i] for i in donate] if donate else []
             if donate:
                 self.completions.donated.update(id(a) for a in donated)
@@ -570,7 +575,8 @@ class Executor:
                     raise to_remote(
                         exc, "compile", program=name, slice=sname, host=self.host
                     ) from None
-                plan = self._plans[key] = (prog, fn, donate)
+                need = program_bytes(fn, len(h["devices"]))
+                plan = self._plans[key] = (prog, fn, donate, need)
         except Exception as exc:
             self._failed(h, exc, name, sname, t0)
             return

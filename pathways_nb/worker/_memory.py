@@ -1,0 +1,73 @@
+"""Launches that would not fit in a CPU host's memory are refused before they run.
+
+A CPU device's memory is the machine's own: XLA allocates a program's outputs and
+temporaries with ``malloc``, and when they do not fit, the kernel's OOM killer ends the
+whole host process (every slice on it is lost) where an accelerator would raise
+RESOURCE_EXHAUSTED and carry on. So a CPU host compares what a program allocates (XLA's
+memory analysis of the compiled executable, per device, times the devices, which all
+draw on the same memory) with what the machine has available before it dispatches the
+launch, and fails the launch with a :class:`ResourceExhaustedError` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+
+from pathways_nb._core import ResourceExhaustedError
+
+# Programs that allocate less are not checked: reading the machine's free memory costs
+# ~30 µs, as much as the rest of a small launch, and a program this small only fails
+# where memory is already all but gone.
+CHECK_FROM = 64 << 20
+# Left free for everything else on the machine (the host's own Python, transfers, the
+# other processes): a launch that would leave less than this is refused.
+_RESERVE_FRACTION = 0.05
+_RESERVE_MIN = 256 << 20
+
+
+def program_bytes(executable: Any, devices: int) -> int:
+    """Bytes a compiled program allocates when it runs on ``devices`` devices: its outputs
+    and temporaries, less the outputs that reuse donated inputs' buffers. 0 when XLA
+    gives no memory analysis."""
+    try:
+        stats = executable.memory_analysis()
+    except Exception:  # not every backend or executable type offers it
+        return 0
+    if stats is None:
+        return 0
+    per_device = stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
+    return max(0, int(per_device)) * devices
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+class MemoryGuard:
+    """Refuses launches whose allocations the machine's memory cannot hold (CPU hosts)."""
+
+    def __init__(self, host: str, enabled: bool) -> None:
+        self.host = host
+        self.enabled = enabled
+        self.refused = 0
+
+    def check(self, need: int, program: str, slice_name: str) -> None:
+        """Raise ResourceExhaustedError if ``need`` bytes would not fit now."""
+        if not self.enabled or need < CHECK_FROM:
+            return
+        memory = psutil.virtual_memory()
+        reserve = max(_RESERVE_MIN, int(memory.total * _RESERVE_FRACTION))
+        if need <= memory.available - reserve:
+            return
+        self.refused += 1
+        raise ResourceExhaustedError(
+            f"program {program!r} on slice {slice_name!r} would allocate {_gib(need)} for its "
+            f"outputs and temporaries on host {self.host}, whose CPU devices share the "
+            f"machine's memory: {_gib(memory.available)} available of {_gib(memory.total)}. "
+            "The operating system would end the host; the launch was refused instead. "
+            "Make the arrays smaller, shard replicated outputs over the slice's devices "
+            "(each device holds its own copy of a replicated array), or free arrays you no "
+            "longer need (`del x` or `x.delete()`)"
+        )
