@@ -190,6 +190,19 @@ def test_status_and_events_are_dataframes(client: pw.Client) -> None:
     ends = mine[mine.kind == "end"].set_index("lid").time
     assert (starts <= ends.loc[starts.index]).all()
     assert set(mine.host) == {vs.host} and set(mine.island) == {vs.island}
+    # since= takes a value of the frame's own time column, or any other datetime.
+    # The cut falls in the widest gap between two events, on a whole microsecond, so that
+    # every form of it (a float of seconds too) falls between the same two events.
+    times = ev.time.sort_values().reset_index(drop=True)
+    k = int(times.diff().iloc[1:].idxmax())
+    cut = (times[k - 1] + (times[k] - times[k - 1]) / 2).floor("us")
+    want = ev[ev.time >= cut]
+    for since in (cut, cut.to_datetime64(), cut.to_pydatetime(), cut.timestamp()):
+        got = client.events(since=since)
+        assert len(got) >= len(want) and got.time.min() >= cut, type(since)
+    assert len(client.events(since=cut.tz_localize("UTC").tz_convert("Asia/Tokyo"))) >= len(want)
+    with pytest.raises(TypeError, match=r"since is seconds since the epoch.*got str"):
+        client.events(since="yesterday")
 
 
 def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> None:

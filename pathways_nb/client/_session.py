@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import threading
 import time
 import weakref
@@ -474,18 +475,24 @@ class Client(ProgramCalls):
         h = self._events_reply(0.0, False, after)
         return h["events"], int(h["next"])
 
-    def _events_reply(self, since: float, all_tenants: bool, after: int | None) -> Any:
-        header: dict[str, Any] = {"t": "events", "since": float(since), "all": bool(all_tenants)}
+    def _events_reply(self, since: Any, all_tenants: bool, after: int | None) -> Any:
+        header: dict[str, Any] = {
+            "t": "events",
+            "since": _epoch_seconds(since),
+            "all": bool(all_tenants),
+        }
         if after is not None:
             header["after"] = int(after)
         return self._ask(header)
 
     def events(
-        self, since: float = 0.0, all_tenants: bool = False, after: int | None = None
+        self, since: Any = 0.0, all_tenants: bool = False, after: int | None = None
     ) -> Any:
         """The event log as a pandas DataFrame (launch/start/end/... with host and times).
 
-        ``since`` keeps events at or after that time (seconds since the epoch). For
+        ``since`` keeps events at or after that time: seconds since the epoch
+        (``time.time()``), or a ``datetime``/``pd.Timestamp``/``np.datetime64`` such as a
+        value of the frame's ``time`` column (naive times are UTC, as that column's are). For
         following the log as it grows, pass ``after=0`` and then each time the number in
         ``df.attrs["next"]``: only events logged since the last call come back.
         """
@@ -525,6 +532,24 @@ def graph(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> DataflowGraph:
     """The dataflow graph of ``fn(*args, **kwargs)`` on the current client; see
     :meth:`Client.graph`."""
     return Client.current().graph(fn, *args, **kwargs)
+
+
+def _epoch_seconds(since: Any) -> float:
+    """``events(since=...)`` as seconds since the epoch."""
+    if isinstance(since, bool):
+        raise TypeError(f"since is a time, not a bool; got {since!r}")
+    if isinstance(since, int | float | np.integer | np.floating):
+        return float(since)
+    if isinstance(since, np.datetime64):
+        return float(since.astype("datetime64[ns]").astype(np.int64)) / 1e9
+    if isinstance(since, datetime.datetime):
+        # Naive times are UTC, as the event frame's own are (pd.Timestamp reads them so).
+        aware = since if since.tzinfo is not None else since.replace(tzinfo=datetime.UTC)
+        return aware.timestamp()
+    raise TypeError(
+        "since is seconds since the epoch (time.time()) or a datetime, pd.Timestamp or "
+        f"np.datetime64 (naive ones are UTC); got {type(since).__name__} {since!r}"
+    )
 
 
 # Fetches smaller than this are not checked against the machine's free memory (reading
