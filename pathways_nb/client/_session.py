@@ -485,9 +485,7 @@ class Client(ProgramCalls):
             header["after"] = int(after)
         return self._ask(header)
 
-    def events(
-        self, since: Any = 0.0, all_tenants: bool = False, after: int | None = None
-    ) -> Any:
+    def events(self, since: Any = 0.0, all_tenants: bool = False, after: int | None = None) -> Any:
         """The event log as a pandas DataFrame (launch/start/end/... with host and times).
 
         ``since`` keeps events at or after that time: seconds since the epoch
