@@ -256,6 +256,21 @@ def test_host_callbacks_fail_at_trace_time(client: pw.Client) -> None:
         noisy(vs.put(np.ones(2, np.float32)))
 
 
+def test_trace_errors_name_the_users_function_and_program(client: pw.Client) -> None:
+    """JAX's own trace errors point at the decorated function's source, as under jax.jit,
+    and a note names the program, the slice and the inputs."""
+    vs = client.allocate({"x": 2})
+
+    @pw.jit
+    def returns_text(x: jax.Array) -> Any:
+        return "not an array"
+
+    with pytest.raises(TypeError, match=r"returns_text at .*test_inprocess_programs\.py") as info:
+        returns_text(vs.put(np.ones(2, np.float32)))
+    assert "_jit.py" not in str(info.value)
+    assert any("returns_text" in n and "float32[2]" in n for n in info.value.__notes__)
+
+
 def test_pw_jit_functions_compose_as_nested_jax_jit(client: pw.Client) -> None:
     """Called inside another traced function, a pw.jit function traces into it (as a
     nested jax.jit does) instead of launching: inside pw.jit, jax.jit and jax.grad."""

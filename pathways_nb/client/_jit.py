@@ -18,6 +18,9 @@ from pathways_nb._core import PathwaysError, encode_spec
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 
+# The signature of the flat function a program is traced from: its leaves, positionally.
+_LEAVES = inspect.Signature([inspect.Parameter("leaves", inspect.Parameter.VAR_POSITIONAL)])
+
 
 class TraceError(PathwaysError, ValueError):
     """The function cannot become a pathways program (for example a host callback)."""
@@ -304,6 +307,11 @@ class RemoteFunction:
             flat_out, out_tree = jax.tree.flatten(out)
             out_holder.append(out_tree)
             return flat_out
+
+        # JAX's trace errors name the user's function and its source line, not this
+        # wrapper's; its arguments keep this wrapper's signature, the flat leaves.
+        flat.__wrapped__ = self.fun  # type: ignore[attr-defined]
+        flat.__signature__ = _LEAVES  # type: ignore[attr-defined]
 
         in_sh = [a.sharding for a in avals]
         try:
