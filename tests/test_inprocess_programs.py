@@ -256,6 +256,32 @@ def test_host_callbacks_fail_at_trace_time(client: pw.Client) -> None:
         noisy(vs.put(np.ones(2, np.float32)))
 
 
+def test_the_slices_mesh_is_the_context_mesh_while_tracing(client: pw.Client) -> None:
+    """Bare PartitionSpecs work inside a pw.jit function as under ``jax.set_mesh``:
+    ``shard_map`` without a mesh, ``with_sharding_constraint`` and ``reshard``."""
+    vs = client.allocate({"data": 4})
+    v = np.arange(8, dtype=np.float32)
+    x = vs.put(v, P("data"))
+
+    def step(a: jax.Array) -> Any:
+        total = jax.shard_map(
+            lambda b: jax.lax.psum(b, "data") + jax.lax.axis_index("data"),
+            in_specs=P("data"),
+            out_specs=P("data"),
+        )(a)
+        whole = jax.sharding.reshard(a * 2, P())
+        split = jax.lax.with_sharding_constraint(a + 1, P("data"))
+        return total, whole, split
+
+    got = pw.jit(step)(x)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("data",))
+    with jax.set_mesh(mesh):
+        want = jax.jit(step)(jax.device_put(v, jax.sharding.NamedSharding(mesh, P("data"))))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert [g.spec for g in got] == [w.sharding.spec for w in want]
+
+
 def test_trace_errors_name_the_users_function_and_program(client: pw.Client) -> None:
     """JAX's own trace errors point at the decorated function's source, as under jax.jit,
     and a note names the program, the slice and the inputs."""

@@ -303,7 +303,11 @@ class RemoteFunction:
                 # in_sharding becomes a resharding inside the program, as jax.jit does.
                 if spec is not None and xs[i].ndim and spec != avals[i].sharding.spec:
                     xs[i] = jax.lax.with_sharding_constraint(xs[i], NamedSharding(am, spec))
-            out = self._apply(jax.tree.unflatten(treedef, xs), static)
+            # The slice's mesh is the context mesh while the function traces, as under
+            # jax.set_mesh: bare PartitionSpecs work in with_sharding_constraint,
+            # shard_map and reshard inside it.
+            with jax.sharding.use_abstract_mesh(am):
+                out = self._apply(jax.tree.unflatten(treedef, xs), static)
             flat_out, out_tree = jax.tree.flatten(out)
             out_holder.append(out_tree)
             return flat_out
