@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import operator
 import pickle
 from typing import Any
@@ -459,7 +460,10 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     assert f"{x.sum():.3f}" == f"{j.sum():.3f}" and f"{x[1, 2]:+.1e}" == f"{j[1, 2]:+.1e}"
     with pytest.raises(TypeError, match="format"):  # as a jax.Array refuses it
         f"{x:.3f}"
-    assert f"{x}" == repr(x)  # no spec: the repr, which never waits
+    # str and f"{x}" give the value, as for a jax.Array; the repr never waits for it.
+    assert str(x) == f"{x}" == str(j) and str(x.sum()) == str(j.sum())
+    assert print_of(x[0, 1]) == print_of(j[0, 1])
+    assert repr(x).startswith("RemoteArray(shape=(4, 6), dtype=float32")
 
 
 def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:
@@ -485,6 +489,12 @@ def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:
     np.testing.assert_array_equal(np.asarray(snap["w"][0]), v)
     with pytest.raises(TypeError, match=r"cannot be pickled.*np.asarray\(x\)"):
         pickle.dumps(params)
+
+
+def print_of(value: Any) -> str:
+    out = io.StringIO()
+    print(value, file=out)
+    return out.getvalue()
 
 
 def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:

@@ -180,9 +180,13 @@ class RemoteArray:
             "for a tree of them"
         )
 
+    def __str__(self) -> str:
+        # The value, as str() of a jax.Array gives it (print(loss) shows the loss); the
+        # repr, which IPython shows, never waits.
+        return str(self.fetch())
+
     def __format__(self, spec: str) -> str:
-        # f"{x}" keeps the repr, which never waits; a format spec asks for the value,
-        # which a scalar formats as a number does (f"{loss:.4f}").
+        # The value, as a jax.Array formats: a scalar as a number does (f"{loss:.4f}").
         if not spec:
             return str(self)
         value = np.asarray(self)
