@@ -464,6 +464,16 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     assert str(x) == f"{x}" == str(j) and str(x.sum()) == str(j.sum())
     assert print_of(x[0, 1]) == print_of(j[0, 1])
     assert repr(x).startswith("RemoteArray(shape=(4, 6), dtype=float32")
+    # Not for arrays too large to fetch on the way, nor failed or deleted ones: text that
+    # other code formats (error messages) must neither move them nor raise.
+    big = vs.put(np.zeros((1024, 257), np.float32), P("data"))
+    assert str(big) == repr(big) and "ready" in str(big)
+    client.inject_fault(vs, match="doomed")
+    doomed = pw.jit(lambda t: t + 1, name="doomed")(x)
+    assert str(doomed) == repr(doomed) and "failed" in str(doomed)
+    gone = x + 1
+    gone.delete()
+    assert "deleted" in str(gone)
 
 
 def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:

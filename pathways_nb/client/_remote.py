@@ -10,13 +10,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from pathways_nb._core import ClosedError
+from pathways_nb._core import ClosedError, PathwaysError
 
 if TYPE_CHECKING:
     from jax.sharding import NamedSharding
 
     from pathways_nb.client._session import Client
     from pathways_nb.client._slice import VirtualSlice
+
+
+# Largest array str() fetches to show its value (see RemoteArray.__str__).
+_STR_FETCH_BYTES = 1 << 20
 
 
 class RemoteArray:
@@ -181,9 +185,17 @@ class RemoteArray:
         )
 
     def __str__(self) -> str:
-        # The value, as str() of a jax.Array gives it (print(loss) shows the loss); the
-        # repr, which IPython shows, never waits.
-        return str(self.fetch())
+        # The value, as str() of a jax.Array gives it, so print(loss) shows the loss. Only
+        # for arrays small enough to fetch on the way: other code formats its arguments
+        # into messages too (JAX's own "not a valid JAX type" error does), and that must
+        # neither move a large array nor raise. A large, failed or deleted array reads as
+        # its repr, which IPython shows and which never waits.
+        if self._deleted or self.nbytes > _STR_FETCH_BYTES:
+            return repr(self)
+        try:
+            return str(self.fetch())
+        except PathwaysError:
+            return repr(self)  # its failure is raised where its value is used
 
     def __format__(self, spec: str) -> str:
         # The value, as a jax.Array formats: a scalar as a number does (f"{loss:.4f}").
