@@ -283,6 +283,23 @@ def test_the_slices_mesh_is_the_context_mesh_while_tracing(client: pw.Client) ->
     assert [g.spec for g in got] == [w.sharding.spec for w in want]
 
 
+def test_a_none_in_out_shardings_leaves_the_layout_to_the_compiler(client: pw.Client) -> None:
+    """As in jax.jit: None for one output is not replicated; it comes out as the compiler
+    lays it out, here following the input."""
+    vs = client.allocate({"data": 2, "model": 2})
+    v = np.arange(16, dtype=np.float32).reshape(4, 4)
+    x = vs.put(v, P("data"))
+    got = pw.jit(lambda t: (t.T, t * 2), out_shardings=(P("model"), None))(x)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
+    want = jax.jit(
+        lambda t: (t.T, t * 2),
+        out_shardings=(jax.sharding.NamedSharding(mesh, P("model")), None),
+    )(jax.device_put(v, jax.sharding.NamedSharding(mesh, P("data"))))
+    assert [g.spec for g in got] == [w.sharding.spec for w in want] == [P("model"), P("data")]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_trace_errors_name_the_users_function_and_program(client: pw.Client) -> None:
     """JAX's own trace errors point at the decorated function's source, as under jax.jit,
     and a note names the program, the slice and the inputs."""

@@ -322,7 +322,9 @@ class RemoteFunction:
             out_sh: Any = None
             if user_out is not None:
                 jax.eval_shape(flat, *avals)  # learn the output tree
-                out_sh = [NamedSharding(am, s) for s in _broadcast_specs(user_out, out_holder[-1])]
+                wanted = _broadcast_specs(user_out, out_holder[-1])
+                if any(s is not None for s in wanted):
+                    out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
             jitted = jax.jit(flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate)
             exp = export.export(jitted, platforms=(vs.platform,))(*avals)
             if exp.nr_devices != vs.size and out_sh is None:
@@ -380,8 +382,10 @@ class RemoteFunction:
         )
 
 
-def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec]:
-    """One PartitionSpec per output leaf from ``out_shardings`` given as a tree prefix."""
+def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:
+    """One PartitionSpec per output leaf from ``out_shardings`` given as a tree prefix;
+    None where it says None, which leaves that output's layout to the compiler, as in
+    ``jax.jit``."""
     specs, prefix_def = jax.tree.flatten(prefix, is_leaf=_is_spec_leaf)
     full = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
     try:
@@ -390,9 +394,9 @@ def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec]:
         raise ValueError(
             f"out_shardings {prefix!r} does not match the structure of the outputs: {exc}"
         ) from None
-    out: list[PartitionSpec] = []
+    out: list[PartitionSpec | None] = []
     for spec, sub in zip(specs, subtrees, strict=True):
-        out.extend([_spec_of(spec) or PartitionSpec()] * len(jax.tree.leaves(sub)))
+        out.extend([_spec_of(spec)] * len(jax.tree.leaves(sub)))
     return out
 
 
