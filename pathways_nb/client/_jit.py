@@ -300,7 +300,9 @@ class RemoteFunction:
             xs = list(leaves)
             for i, spec in enumerate(in_specs):
                 # A RemoteArray keeps its own layout on the wire; a different requested
-                # in_sharding becomes a resharding inside the program, as jax.jit does.
+                # in_sharding becomes a resharding inside the program (jax.jit refuses a
+                # committed argument laid out otherwise; here arrays from other slices
+                # arrive resharded, and one on the slice itself is treated alike).
                 if spec is not None and xs[i].ndim and spec != avals[i].sharding.spec:
                     xs[i] = jax.lax.with_sharding_constraint(xs[i], NamedSharding(am, spec))
             # The slice's mesh is the context mesh while the function traces, as under
