@@ -100,6 +100,25 @@ def test_a_program_the_machines_memory_cannot_hold_is_refused_before_it_runs(
     np.testing.assert_array_equal((x + 1).fetch(), np.full(4, 2.0, np.float32))
 
 
+def test_an_array_donated_and_passed_again_in_one_call_is_refused(client: pw.Client) -> None:
+    """XLA's CPU client ends the process on such a call (plain JAX's too): the client
+    refuses it before anything is sent, and a launch that reaches a host so anyway fails
+    there as a value while the host serves on."""
+    vs = client.allocate({"data": 2})
+    y = vs.put(np.ones(4, np.float32), P("data"))
+    add = pw.jit(lambda a, b: a + b, donate_argnums=0, name="add")
+    with pytest.raises(ValueError, match=r"add: the same array .* is passed 2 times and donated"):
+        add(y, y)
+    np.testing.assert_array_equal(add(y.copy(), y).fetch(), np.full(4, 2.0, np.float32))
+    (prog,) = add._programs.values()
+    out = client._launch(prog, vs, [y, y])  # what a client without the check would send
+    with pytest.raises(pw.RemoteError, match="donated and passed 2 times") as info:
+        out.fetch()
+    assert info.value.kind == "invalid" and info.value.program == "add"
+    z = vs.put(np.ones(4, np.float32), P("data"))
+    np.testing.assert_array_equal(add(z, vs.put(np.ones(4, np.float32))).fetch(), 2 * np.ones(4))
+
+
 def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     x = vs.put(np.ones(4, np.float32), P("data"))

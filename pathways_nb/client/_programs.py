@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -71,6 +72,8 @@ class ProgramCalls:
             if leaf._deleted:
                 leaf._check_usable()
         donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donate_argnums else ()
+        if donate:
+            _check_donation(f.name, arrays, donate)
         key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
         prog = f._programs.get(key)
         if prog is None:
@@ -378,3 +381,21 @@ def _moved_spec(x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) ->
     except ValueError:
         return PartitionSpec()
     return x.spec
+
+
+def _check_donation(name: str, arrays: Sequence[RemoteArray], donate: Sequence[int]) -> None:
+    """Refuse an array that is donated and passed again in the same call: the program
+    may overwrite a donated buffer, so it cannot also be read as another input (XLA
+    refuses it, and with CPU devices ends the host's process)."""
+    positions: dict[int, int] = {}
+    for a in arrays:
+        positions[a.handle] = positions.get(a.handle, 0) + 1
+    for i in donate:
+        a = arrays[i]
+        if positions[a.handle] > 1:
+            raise ValueError(
+                f"{name}: the same array {a!r} is passed {positions[a.handle]} times and "
+                "donated (donate_argnums): a donated buffer is the program's to overwrite, "
+                "so it cannot also be read as another argument. Pass a copy for one of "
+                "them (x.copy()), or do not donate it"
+            )

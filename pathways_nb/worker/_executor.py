@@ -507,6 +507,7 @@ class Executor:
                 self.memory.check(need, prog.name, sname)
             donated = [args[i] for i in donate] if donate else []
             if donate:
+                _check_donation(h["ins"], donate)
                 self.completions.donated.update(id(a) for a in donated)
             results = fn(*args)
             if donate:
@@ -590,6 +591,21 @@ class Executor:
             launches=self._launches,
             failures=self._failures + self.completions.failures,
         )
+
+
+def _check_donation(ins: list[int], donate: tuple[int, ...]) -> None:
+    """A donated input passed again in the same launch would be read after XLA may have
+    overwritten it; XLA's CPU client ends the process on it. The client refuses such a
+    call; a launch that still arrives so fails here as a value."""
+    if len(set(ins)) == len(ins):
+        return
+    for i in donate:
+        if ins.count(ins[i]) > 1:
+            raise RemoteError(
+                f"input {ins[i]:#x} is donated and passed {ins.count(ins[i])} times in one "
+                "launch; a donated buffer cannot also be read as another input",
+                kind="invalid",
+            )
 
 
 def _run_key(h: dict[str, Any]) -> tuple[Any, ...]:
