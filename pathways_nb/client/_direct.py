@@ -26,6 +26,15 @@ from pathways_nb.wire import DealerSocket, Poller, connect_dealer, decode, encod
 Reply = tuple[dict[str, Any], list[Any]]
 
 
+class RequestFailed(Exception):
+    """The host answered request ``index`` with the error its array holds."""
+
+    def __init__(self, index: int, error: RemoteError) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
+
+
 class DirectChannels:
     """Sockets owned by the threads that use them; closed together by :meth:`close`."""
 
@@ -72,7 +81,8 @@ class DirectChannels:
         """Send every ``(address, header)``; return the replies in the same order.
 
         ``check()`` runs every 100 ms while waiting; it raises to stop the wait (the
-        client closed, a host was lost). A failed reply raises its RemoteError.
+        client closed, a host was lost). A failed reply raises :class:`RequestFailed`
+        with the request's index and its RemoteError.
         """
         order: dict[int, int] = {}
         poller = Poller()
@@ -98,7 +108,7 @@ class DirectChannels:
                             continue  # an answer to a wait that was interrupted earlier
                         h = msg.header
                         if h["t"] == "failed":
-                            raise RemoteError.from_dict(h.get("error") or {})
+                            raise RequestFailed(i, RemoteError.from_dict(h.get("error") or {}))
                         if h["t"] == "error":
                             raise ProtocolError(h.get("message", ""))
                         out[i] = (h, msg.buffers)

@@ -35,7 +35,7 @@ from pathways_nb._core import (
     local_versions,
     validate_mesh_shape,
 )
-from pathways_nb.client._direct import DirectChannels
+from pathways_nb.client._direct import DirectChannels, RequestFailed
 from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
@@ -379,8 +379,13 @@ class Client(ProgramCalls):
         except KeyboardInterrupt:
             self.cancel()
             raise
-        except RemoteError as exc:
-            raise exc from None
+        except RequestFailed as failed:
+            # Known failed from now on, before the controller's (batched) notice says so:
+            # its repr reads failed and the next read raises without asking the host.
+            x = xs[failed.index]
+            self._errors[x.handle] = failed.error
+            x._ready = True
+            raise failed.error from None
         # These arrays are computed: is_ready() need not wait for the controller's
         # (batched) completion notice to say so.
         for x in xs:
