@@ -81,7 +81,7 @@ def test_a_program_the_machines_memory_cannot_hold_is_refused_before_it_runs(
 ) -> None:
     """A CPU host's devices allocate from the machine's memory, where running out ends the
     host: a launch whose outputs cannot fit fails as a value instead, and the host serves
-    on. A fetch the client's machine cannot hold is refused in the client."""
+    on. A fetch or a put the client's machine cannot hold is refused in the client."""
     vs = client.allocate({"data": 2})
     x = vs.put(np.ones(4, np.float32), P("data"))
     rows = 2 * psutil.virtual_memory().total // (4 * 1024)  # twice the machine, per device
@@ -93,9 +93,13 @@ def test_a_program_the_machines_memory_cannot_hold_is_refused_before_it_runs(
     assert "available of" in str(info.value) and "shard replicated outputs" in str(info.value)
     with pytest.raises(pw.ResourceExhaustedError, match="would allocate"):
         (y + 1).block_until_ready()  # its consumers fail with the same cause
-    # Fetching an array this machine cannot hold is refused before a byte moves.
-    with pytest.raises(pw.ResourceExhaustedError, match=r"fetching .* GiB .*\(x\[:1000\]\)"):
+    # Fetching an array this machine cannot hold is refused before a byte moves; so is
+    # putting one on a host of this machine (a broadcast view: nothing allocated here).
+    with pytest.raises(pw.ResourceExhaustedError, match=r"fetching 2 arrays .*\(x\[:1000\]\)"):
         pw.fetch({"y": y, "x": x})
+    view = np.broadcast_to(np.float32(1), (rows, 1024))
+    with pytest.raises(pw.ResourceExhaustedError, match=r"putting a .* GiB array on slice"):
+        vs.put(view, P())
     # A program above the size that is checked, which fits, runs (80 MiB: 40 on each device).
     fits = pw.jit(lambda x: jax.numpy.zeros((10 * 1024, 1024)) + x.sum(), name="fits")
     assert float(fits(x)[-1, -1]) == 4.0

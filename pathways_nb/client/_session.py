@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import jax
 import numpy as np
-import psutil
 import zmq
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -25,7 +24,6 @@ from pathways_nb._core import (
     HandleAllocator,
     PathwaysError,
     RemoteError,
-    ResourceExhaustedError,
     VersionMismatchError,
     as_bytes,
     decode_dtype,
@@ -40,6 +38,7 @@ from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
+from pathways_nb.client._memory import CHECK_FROM, check_fits, on_this_machine
 from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
@@ -280,7 +279,10 @@ class Client(ProgramCalls):
             shape = value.shape
             data = np.asarray(jax.random.key_data(value), order="C")
         else:
-            data = np.asarray(value, order="C")
+            # A view where it can be, so that its size is checked before anything is copied.
+            data = np.asarray(value)
+            self._check_put_fits(vs, data.nbytes)
+            data = np.asarray(data, order="C")
             if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
                 raise TypeError(
                     f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
@@ -319,6 +321,17 @@ class Client(ProgramCalls):
             self, handle, shape, dtype, NamedSharding(vs.abstract_mesh, spec), vs, _LOCAL_LID
         )
 
+    @staticmethod
+    def _check_put_fits(vs: VirtualSlice, nbytes: int) -> None:
+        if nbytes >= CHECK_FROM and on_this_machine(vs.data_address):
+            check_fits(
+                nbytes,
+                f"putting a {nbytes / 2**30:.2f} GiB array on slice {vs.name!r}, whose host "
+                "runs on this machine and keeps its own copy,",
+                "Put it in parts (a batch at a time) and join them on the slice in a program "
+                "(jnp.concatenate), or free memory on this machine first",
+            )
+
     def _put_done(self, fut: Any, handle: int) -> None:
         exc = fut.exception()
         if isinstance(exc, RemoteError):
@@ -332,7 +345,15 @@ class Client(ProgramCalls):
         """
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
         remote = [x for x in leaves if isinstance(x, RemoteArray)]
-        _check_fetch_fits(remote)
+        if remote:
+            need = sum(x.nbytes for x in remote)
+            check_fits(
+                need,
+                f"fetching {len(remote)} array{'s' if len(remote) > 1 else ''} (the largest "
+                f"{max(remote, key=lambda x: x.nbytes)!r})",
+                "Fetch a part of it (x[:1000]), reduce it on its slice first "
+                "(x.mean(axis=0)), or keep it remote and pass it to the next program",
+            )
         replies = iter(self._request(remote, "fetch"))
         out = []
         for leaf in leaves:
@@ -552,31 +573,6 @@ def _epoch_seconds(since: Any) -> float:
     raise TypeError(
         "since is seconds since the epoch (time.time()) or a datetime, pd.Timestamp or "
         f"np.datetime64 (naive ones are UTC); got {type(since).__name__} {since!r}"
-    )
-
-
-# Fetches smaller than this are not checked against the machine's free memory (reading
-# it costs ~30 µs, as much as a small fetch's own work).
-_FETCH_CHECK_FROM = 64 << 20
-
-
-def _check_fetch_fits(xs: Sequence[RemoteArray]) -> None:
-    """Refuse a fetch that this machine's memory cannot take: the kernel would end the
-    notebook's process (or a host's, on the same machine) part way through it."""
-    need = sum(x.nbytes for x in xs)
-    if need < _FETCH_CHECK_FROM:
-        return
-    memory = psutil.virtual_memory()
-    reserve = max(256 << 20, memory.total // 20)
-    if need <= memory.available - reserve:
-        return
-    gib = 2**30
-    raise ResourceExhaustedError(
-        f"fetching {need / gib:.2f} GiB ({len(xs)} array{'s' if len(xs) > 1 else ''}, the "
-        f"largest {max(xs, key=lambda x: x.nbytes)!r}) would not fit in this machine's "
-        f"memory: {memory.available / gib:.2f} GiB available of {memory.total / gib:.2f} GiB. "
-        "Fetch a part of it (x[:1000]), reduce it on its slice first (x.mean(axis=0)), or "
-        "keep it remote and pass it to the next program"
     )
 
 
