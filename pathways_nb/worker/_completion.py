@@ -47,6 +47,8 @@ class Done(NamedTuple):
     name: str
     sname: str
     donated: list[Any]
+    # Bytes of the machine's memory held for its outputs until it finishes (see _memory).
+    reserved: int = 0
 
 
 class Completions:
@@ -97,6 +99,8 @@ class Completions:
         # Called with the outputs of launches just finished or failed, once who waits
         # for them has been answered (the host's sender: sends waiting for them go now).
         self.on_computed: Callable[[list[int]], None] | None = None
+        # Called with a finished launch's reserved bytes (the memory guard's release).
+        self.on_released: Callable[[int], None] | None = None
 
     def wait_for_room(self) -> None:
         """Block until XLA holds fewer launches than the window."""
@@ -319,7 +323,9 @@ class Completions:
     def _complete(self, item: Done, computed: list[int]) -> list[Any]:
         """Wait for one launch; record its outputs as failed or add them to ``computed``;
         return its acknowledgement."""
-        lid, outs, leaves, t0, err, name, sname, donated = item
+        lid, outs, leaves, t0, err, name, sname, donated, reserved = item
+        if reserved and self.on_released is not None:
+            self.on_released(reserved)
         if leaves is not None:
             with self._room:
                 self._in_xla -= 1

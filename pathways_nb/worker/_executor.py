@@ -68,6 +68,7 @@ class Executor:
         self._put_wait = put_wait
         self.programs = Programs(host, devices)
         self.memory = MemoryGuard(host, enabled=all(d.platform == "cpu" for d in devices))
+        self.completions.on_released = self.memory.release
         self._faults: list[tuple[str, str]] = []
         # Work waiting for the dispatch thread; _busy while one item runs (on the
         # dispatch thread or inline on the socket thread), so order is kept.
@@ -494,6 +495,7 @@ class Executor:
         prog, fn, donate, need = plan
         outs = h["outs"]
         sname = h.get("name", h["slice"])
+        reserved = 0
         try:
             args = []
             for e in entries:
@@ -504,7 +506,8 @@ class Executor:
                 freeing = sum(entries[i].nbytes for i in donate)
                 self.store.reserve_check(prog.total_nbytes, freeing)
             if need >= CHECK_FROM:
-                self.memory.check(need, prog.name, sname)
+                self.memory.reserve(need, prog.name, sname)
+                reserved = need
             donated = [args[i] for i in donate] if donate else []
             if donate:
                 _check_donation(h["ins"], donate)
@@ -517,9 +520,12 @@ class Executor:
             leaves = results if isinstance(results, list) else jax.tree.leaves(results)
             self.store.set_many(outs, leaves, prog.out_nbytes, (prog.name, sname))
             self._launches += 1
-            done = Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated)
+            done = Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated, reserved)
+            reserved = 0  # the completion releases it now
             self.completions.dispatched(done)
         except Exception as exc:
+            if reserved:
+                self.memory.release(reserved)
             self._failed(h, exc, prog.name, sname, t0)
 
     def _failed(self, h: dict[str, Any], exc: Exception, name: str, sname: str, t0: float) -> None:

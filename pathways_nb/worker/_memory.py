@@ -11,6 +11,7 @@ launch, and fails the launch with a :class:`ResourceExhaustedError` instead.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psutil
@@ -46,28 +47,51 @@ def _gib(n: float) -> str:
 
 
 class MemoryGuard:
-    """Refuses launches whose allocations the machine's memory cannot hold (CPU hosts)."""
+    """Refuses launches whose allocations the machine's memory cannot hold (CPU hosts).
+
+    A launch it lets run holds its bytes until it finishes: XLA allocates as it runs, so
+    the machine's available memory does not yet show what launches dispatched before it
+    will take. Called from the dispatching threads and the completion thread.
+    """
 
     def __init__(self, host: str, enabled: bool) -> None:
         self.host = host
         self.enabled = enabled
         self.refused = 0
+        self._held = 0
+        self._lock = threading.Lock()
 
-    def check(self, need: int, program: str, slice_name: str) -> None:
-        """Raise ResourceExhaustedError if ``need`` bytes would not fit now."""
-        if not self.enabled or need < CHECK_FROM:
+    @property
+    def held(self) -> int:
+        """Bytes held for launches dispatched and not yet finished."""
+        return self._held
+
+    def reserve(self, need: int, program: str, slice_name: str) -> None:
+        """Hold ``need`` bytes for a launch, or raise ResourceExhaustedError if they would
+        not fit now beside what running launches hold; :meth:`release` gives them back."""
+        if not self.enabled:
             return
         memory = psutil.virtual_memory()
         reserve = max(_RESERVE_MIN, int(memory.total * _RESERVE_FRACTION))
-        if need <= memory.available - reserve:
-            return
+        with self._lock:
+            if need + self._held <= memory.available - reserve:
+                self._held += need
+                return
+            held = self._held
         self.refused += 1
+        running = f", of which launches still running will take {_gib(held)}" if held else ""
         raise ResourceExhaustedError(
             f"program {program!r} on slice {slice_name!r} would allocate {_gib(need)} for its "
             f"outputs and temporaries on host {self.host}, whose CPU devices share the "
-            f"machine's memory: {_gib(memory.available)} available of {_gib(memory.total)}. "
+            f"machine's memory: {_gib(memory.available)} available of {_gib(memory.total)}"
+            f"{running}. "
             "The operating system would end the host; the launch was refused instead. "
             "Make the arrays smaller, shard replicated outputs over the slice's devices "
             "(each device holds its own copy of a replicated array), or free arrays you no "
             "longer need (`del x` or `x.delete()`)"
         )
+
+    def release(self, nbytes: int) -> None:
+        if self.enabled:
+            with self._lock:
+                self._held -= nbytes

@@ -1,0 +1,47 @@
+"""A CPU host's memory guard: launches hold what they will allocate until they finish."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import psutil
+import pytest
+
+from pathways_nb._core import ResourceExhaustedError
+from pathways_nb.worker._memory import MemoryGuard, program_bytes
+
+
+def test_launches_running_hold_their_bytes_until_released() -> None:
+    guard = MemoryGuard("host-a", enabled=True)
+    big = int(psutil.virtual_memory().available * 0.6)
+    guard.reserve(big, "first", "s1")
+    assert guard.held == big
+    # The machine's free memory does not show the first launch's outputs yet: the guard
+    # counts them, so a second launch as large is refused while the first runs.
+    with pytest.raises(ResourceExhaustedError, match="launches still running will take") as info:
+        guard.reserve(big, "second", "s1")
+    assert "'second' on slice 's1'" in str(info.value) and "host-a" in str(info.value)
+    assert guard.refused == 1 and guard.held == big
+    guard.release(big)
+    guard.reserve(big, "second", "s1")
+    guard.release(big)
+    assert guard.held == 0
+
+
+def test_a_disabled_guard_holds_and_refuses_nothing() -> None:
+    guard = MemoryGuard("host-a", enabled=False)
+    guard.reserve(10 * psutil.virtual_memory().total, "huge", "s1")
+    guard.release(10 * psutil.virtual_memory().total)
+    assert guard.held == 0 and guard.refused == 0
+
+
+def test_program_bytes_counts_every_device_copy_and_not_donated_outputs() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.zeros((256, 1024)) + x.sum()
+
+    compiled = jax.jit(f).lower(jnp.ones(4)).compile()
+    assert program_bytes(compiled, 1) >= 256 * 1024 * 4
+    assert program_bytes(compiled, 4) == 4 * program_bytes(compiled, 1)
+    donating = jax.jit(lambda x: x * 2, donate_argnums=0).lower(jnp.ones((256, 1024))).compile()
+    assert program_bytes(donating, 1) < 256 * 1024 * 4  # the output reuses the input
+    assert program_bytes(object(), 4) == 0  # no memory analysis: nothing is checked
