@@ -47,7 +47,7 @@ class Done(NamedTuple):
     name: str
     sname: str
     donated: list[Any]
-    # Bytes of the machine's memory held for its outputs until it finishes (see _memory).
+    # Bytes of the machine's memory held for its outputs until it finishes (see _guards).
     reserved: int = 0
 
 

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding
 from pathways_nb._core import RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
-from pathways_nb.worker._memory import CHECK_FROM, MemoryGuard, program_bytes
+from pathways_nb.worker._guards import CHECK_FROM, MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs
 from pathways_nb.worker._store import Entry, ObjectStore
@@ -35,7 +35,7 @@ _RESUME = object()
 
 
 # A compiled launch's program, executable, donated argument indices and the bytes it
-# allocates on this host's devices when it runs (see _memory).
+# allocates on this host's devices when it runs (see _guards).
 _Plan = tuple[Program, Any, tuple[int, ...], int]
 
 
@@ -510,7 +510,7 @@ class Executor:
                 reserved = need
             donated = [args[i] for i in donate] if donate else []
             if donate:
-                _check_donation(h["ins"], donate)
+                check_donation(h["ins"], donate)
                 self.completions.donated.update(id(a) for a in donated)
             results = fn(*args)
             if donate:
@@ -597,21 +597,6 @@ class Executor:
             launches=self._launches,
             failures=self._failures + self.completions.failures,
         )
-
-
-def _check_donation(ins: list[int], donate: tuple[int, ...]) -> None:
-    """A donated input passed again in the same launch would be read after XLA may have
-    overwritten it; XLA's CPU client ends the process on it. The client refuses such a
-    call; a launch that still arrives so fails here as a value."""
-    if len(set(ins)) == len(ins):
-        return
-    for i in donate:
-        if ins.count(ins[i]) > 1:
-            raise RemoteError(
-                f"input {ins[i]:#x} is donated and passed {ins.count(ins[i])} times in one "
-                "launch; a donated buffer cannot also be read as another input",
-                kind="invalid",
-            )
 
 
 def _run_key(h: dict[str, Any]) -> tuple[Any, ...]:

@@ -1,4 +1,4 @@
-"""A CPU host's memory guard: launches hold what they will allocate until they finish."""
+"""The host's guards against launches that would end its process: memory and donation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import psutil
 import pytest
 
-from pathways_nb._core import ResourceExhaustedError
-from pathways_nb.worker._memory import MemoryGuard, program_bytes
+from pathways_nb._core import RemoteError, ResourceExhaustedError
+from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 
 
 def test_launches_running_hold_their_bytes_until_released() -> None:
@@ -45,3 +45,11 @@ def test_program_bytes_counts_every_device_copy_and_not_donated_outputs() -> Non
     donating = jax.jit(lambda x: x * 2, donate_argnums=0).lower(jnp.ones((256, 1024))).compile()
     assert program_bytes(donating, 1) < 256 * 1024 * 4  # the output reuses the input
     assert program_bytes(object(), 4) == 0  # no memory analysis: nothing is checked
+
+
+def test_a_donated_input_passed_again_fails_and_repeated_inputs_alone_do_not() -> None:
+    check_donation([1, 1, 2], ())  # the same array twice, nothing donated: fine
+    check_donation([1, 2, 2], (0,))  # the donated one appears once: fine
+    with pytest.raises(RemoteError, match="donated and passed 2 times") as info:
+        check_donation([1, 2, 1], (2,))
+    assert info.value.kind == "invalid"

@@ -1,12 +1,17 @@
-"""Launches that would not fit in a CPU host's memory are refused before they run.
+"""Launches that would end the host's process are refused before they run, and fail as
+values instead.
 
-A CPU device's memory is the machine's own: XLA allocates a program's outputs and
-temporaries with ``malloc``, and when they do not fit, the kernel's OOM killer ends the
-whole host process (every slice on it is lost) where an accelerator would raise
+Memory: a CPU device's memory is the machine's own. XLA allocates a program's outputs
+and temporaries with ``malloc``, and when they do not fit, the kernel's OOM killer ends
+the whole host process (every slice on it is lost) where an accelerator would raise
 RESOURCE_EXHAUSTED and carry on. So a CPU host compares what a program allocates (XLA's
 memory analysis of the compiled executable, per device, times the devices, which all
 draw on the same memory) with what the machine has available before it dispatches the
 launch, and fails the launch with a :class:`ResourceExhaustedError` instead.
+
+Donation: a donated input passed again in the same launch would be read after XLA may
+have overwritten it; XLA's CPU client ends the process on it. The client refuses such a
+call; a launch that still arrives so fails here.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from pathways_nb._core import ResourceExhaustedError
+from pathways_nb._core import RemoteError, ResourceExhaustedError
 
 # Programs that allocate less are not checked: reading the machine's free memory costs
 # ~30 µs, as much as the rest of a small launch, and a program this small only fails
@@ -95,3 +100,16 @@ class MemoryGuard:
         if self.enabled:
             with self._lock:
                 self._held -= nbytes
+
+
+def check_donation(ins: list[int], donate: tuple[int, ...]) -> None:
+    """Raise RemoteError if a donated input is also another input of the launch."""
+    if len(set(ins)) == len(ins):
+        return
+    for i in donate:
+        if ins.count(ins[i]) > 1:
+            raise RemoteError(
+                f"input {ins[i]:#x} is donated and passed {ins.count(ins[i])} times in one "
+                "launch; a donated buffer cannot also be read as another input",
+                kind="invalid",
+            )
