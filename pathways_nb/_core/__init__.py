@@ -1,4 +1,5 @@
-"""Shared by every role: ids, mesh and sharding specs, config, errors, versions.
+"""Shared by every role: ids, mesh and sharding specs, config, errors, versions, the
+machine's memory.
 
 This package imports nothing else from ``pathways_nb``.
 """
@@ -18,6 +19,13 @@ from pathways_nb._core._errors import (
     VersionMismatchError,
 )
 from pathways_nb._core._ids import HandleAllocator, handle_owner
+from pathways_nb._core._memory import (
+    CHECK_FROM,
+    Memory,
+    check_fits,
+    machine_memory,
+    on_this_machine,
+)
 from pathways_nb._core._specs import (
     decode_mesh,
     decode_spec,
@@ -28,6 +36,7 @@ from pathways_nb._core._specs import (
 from pathways_nb._core._versions import Versions, local_versions
 
 __all__ = [
+    "CHECK_FROM",
     "BrokenError",
     "BusyError",
     "CancelledError",
@@ -35,6 +44,7 @@ __all__ = [
     "Config",
     "DataLossError",
     "HandleAllocator",
+    "Memory",
     "PathwaysError",
     "ProtocolError",
     "RemoteError",
@@ -42,6 +52,7 @@ __all__ = [
     "VersionMismatchError",
     "Versions",
     "as_bytes",
+    "check_fits",
     "decode_dtype",
     "decode_mesh",
     "decode_spec",
@@ -51,5 +62,7 @@ __all__ = [
     "encode_spec",
     "handle_owner",
     "local_versions",
+    "machine_memory",
+    "on_this_machine",
     "validate_mesh_shape",
 ]

@@ -17,6 +17,7 @@ import zmq
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import (
+    CHECK_FROM,
     BrokenError,
     BusyError,
     ClosedError,
@@ -26,11 +27,13 @@ from pathways_nb._core import (
     RemoteError,
     VersionMismatchError,
     as_bytes,
+    check_fits,
     decode_dtype,
     encode_dtype,
     encode_mesh,
     encode_spec,
     local_versions,
+    on_this_machine,
     validate_mesh_shape,
 )
 from pathways_nb.client._direct import DirectChannels, RequestFailed
@@ -38,7 +41,6 @@ from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
-from pathways_nb.client._memory import CHECK_FROM, check_fits, on_this_machine
 from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice

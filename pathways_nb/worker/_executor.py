@@ -21,10 +21,10 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding
 
-from pathways_nb._core import RemoteError, encode_spec, handle_owner
+from pathways_nb._core import CHECK_FROM, RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
-from pathways_nb.worker._guards import CHECK_FROM, MemoryGuard, check_donation, program_bytes
+from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs
 from pathways_nb.worker._store import Entry, ObjectStore

@@ -19,18 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import psutil
-
-from pathways_nb._core import RemoteError, ResourceExhaustedError
-
-# Programs that allocate less are not checked: reading the machine's free memory costs
-# ~30 µs, as much as the rest of a small launch, and a program this small only fails
-# where memory is already all but gone.
-CHECK_FROM = 64 << 20
-# Left free for everything else on the machine (the host's own Python, transfers, the
-# other processes): a launch that would leave less than this is refused.
-_RESERVE_FRACTION = 0.05
-_RESERVE_MIN = 256 << 20
+from pathways_nb._core import RemoteError, ResourceExhaustedError, machine_memory
 
 
 def program_bytes(executable: Any, devices: int) -> int:
@@ -76,10 +65,9 @@ class MemoryGuard:
         not fit now beside what running launches hold; :meth:`release` gives them back."""
         if not self.enabled:
             return
-        memory = psutil.virtual_memory()
-        reserve = max(_RESERVE_MIN, int(memory.total * _RESERVE_FRACTION))
+        memory = machine_memory()
         with self._lock:
-            if need + self._held <= memory.available - reserve:
+            if need + self._held <= memory.spare:
                 self._held += need
                 return
             held = self._held
@@ -88,8 +76,7 @@ class MemoryGuard:
         raise ResourceExhaustedError(
             f"program {program!r} on slice {slice_name!r} would allocate {_gib(need)} for its "
             f"outputs and temporaries on host {self.host}, whose CPU devices share the "
-            f"machine's memory: {_gib(memory.available)} available of {_gib(memory.total)}"
-            f"{running}. "
+            f"machine's memory: {memory}{running}. "
             "The operating system would end the host; the launch was refused instead. "
             "Make the arrays smaller, shard replicated outputs over the slice's devices "
             "(each device holds its own copy of a replicated array), or free arrays you no "

@@ -7,7 +7,14 @@ import jax.numpy as jnp
 import psutil
 import pytest
 
-from pathways_nb._core import RemoteError, ResourceExhaustedError
+from pathways_nb._core import (
+    CHECK_FROM,
+    RemoteError,
+    ResourceExhaustedError,
+    check_fits,
+    machine_memory,
+    on_this_machine,
+)
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 
 
@@ -53,3 +60,14 @@ def test_a_donated_input_passed_again_fails_and_repeated_inputs_alone_do_not() -
     with pytest.raises(RemoteError, match="donated and passed 2 times") as info:
         check_donation([1, 2, 1], (2,))
     assert info.value.kind == "invalid"
+
+
+def test_moves_this_machine_cannot_take_are_refused_and_small_ones_never_read_it() -> None:
+    total = machine_memory().total
+    with pytest.raises(ResourceExhaustedError, match=r"moving it needs .* GiB more") as info:
+        check_fits(2 * total, "moving it", "Do less.", program="p", slice="s1", host="h")
+    assert (info.value.program, info.value.slice, info.value.host) == ("p", "s1", "h")
+    assert "available of" in str(info.value) and str(info.value).count("Do less.") == 1
+    check_fits(CHECK_FROM - 1, "a small move", "")  # below the size that is checked
+    assert on_this_machine("ipc://@pathways-1-2") and on_this_machine("tcp://127.0.0.1:9")
+    assert not on_this_machine("tcp://10.0.0.7:8786")
