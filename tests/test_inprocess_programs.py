@@ -6,6 +6,7 @@ import copy
 import io
 import operator
 import pickle
+import threading
 from typing import Any
 
 import jax
@@ -522,6 +523,46 @@ def print_of(value: Any) -> str:
     out = io.StringIO()
     print(value, file=out)
     return out.getvalue()
+
+
+def test_copy_to_host_async_fetches_in_the_background(client: pw.Client) -> None:
+    """As on a jax.Array: metrics asked for early are read later without a round trip
+    then; a failure arrives with the value it replaces."""
+    vs = client.allocate({"data": 2})
+    v = np.arange(8, dtype=np.float32)
+    x = vs.put(v, P("data"))
+    metrics = {"loss": (x * 2).sum(), "x": x + 1}
+    jax.tree.map(lambda m: m.copy_to_host_async(), metrics)
+    held = {k: m._host for k, m in metrics.items()}
+    assert all(f is not None for f in held.values())
+    metrics["loss"].copy_to_host_async()  # again: the same request
+    assert metrics["loss"]._host is held["loss"]
+    got = pw.fetch(metrics)
+    assert float(got["loss"]) == float((v * 2).sum()) and float(metrics["loss"]) == 56.0
+    np.testing.assert_array_equal(got["x"], v + 1)
+    assert all(f.done() for f in held.values())
+    client.inject_fault(vs, match="fails_later")
+    bad = pw.jit(lambda t: t + 1, name="fails_later")(x)
+    bad.copy_to_host_async()
+    with pytest.raises(pw.RemoteError, match="injected fault"):
+        np.asarray(bad)
+    gone = x * 3
+    gone.copy_to_host_async()
+    gone.delete()
+    with pytest.raises(pw.ClosedError, match="deleted"):
+        gone.fetch()
+
+
+def test_the_background_fetch_thread_ends_with_its_client(cluster: pw.InProcessCluster) -> None:
+    with cluster.client() as other:
+        vs = other.allocate({"data": 2})
+        x, y = vs.put(np.ones(4, np.float32), P("data")), vs.put(np.zeros(4, np.float32))
+        x.copy_to_host_async()
+        np.testing.assert_array_equal(np.asarray(x), np.ones(4))
+        assert any(t.name.startswith("pathways-prefetch") for t in threading.enumerate())
+    assert not any(t.name.startswith("pathways-prefetch") for t in threading.enumerate())
+    with pytest.raises(pw.ClosedError, match="closed"):
+        y.copy_to_host_async()
 
 
 def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:

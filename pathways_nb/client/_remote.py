@@ -13,6 +13,8 @@ import numpy as np
 from pathways_nb._core import ClosedError, PathwaysError
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from jax.sharding import NamedSharding
 
     from pathways_nb.client._session import Client
@@ -36,6 +38,7 @@ class RemoteArray:
         "_client",
         "_copies",
         "_deleted",
+        "_host",
         "_lid",
         "_ready",
         "_sig",
@@ -70,6 +73,8 @@ class RemoteArray:
         self._ready = False  # known computed (a fetch or wait returned)
         # Copies moved to other slices, by (slice id, PartitionSpec); made on first use.
         self._copies: dict[Any, RemoteArray] | None = None
+        # The value being fetched in the background (copy_to_host_async), or fetched.
+        self._host: Future[Any] | None = None
         # A Python scalar passed to a program: typed as jax.jit types one (weakly), so
         # `x_f16 * 2.0` stays float16. Set by the client right after it puts the value.
         self.weak_type = False
@@ -148,6 +153,14 @@ class RemoteArray:
     def fetch(self) -> Any:
         """The value as a NumPy array (a JAX PRNG key array for typed keys)."""
         return self._client.fetch(self)
+
+    def copy_to_host_async(self) -> None:
+        """Start fetching the value in the background and return at once, as
+        ``jax.Array.copy_to_host_async``: a later ``np.asarray(x)``, ``float(x)`` or
+        ``fetch`` takes it without a round trip to the host once it has arrived."""
+        if self._host is None:
+            self._check_usable()
+            self._host = self._client._prefetch(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         # A fetched value is a read-only view of the bytes that arrived (as np.asarray

@@ -41,6 +41,7 @@ from pathways_nb.client._discovery import ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
+from pathways_nb.client._prefetch import Prefetcher
 from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
@@ -119,6 +120,7 @@ class Client(ProgramCalls):
         self._io.start()
         versions = local_versions()
         self._direct = DirectChannels(self._ctx, versions.to_dict())
+        self._prefetcher = Prefetcher(self._fetch_one)
         try:
             h, _ = self._io.request(
                 {
@@ -165,6 +167,7 @@ class Client(ProgramCalls):
         if self._closed:
             return
         self._closed = True
+        self._prefetcher.stop()
         self._io.stop()
         self._direct.close()
         if self._own_ctx:
@@ -323,6 +326,13 @@ class Client(ProgramCalls):
             self, handle, shape, dtype, NamedSharding(vs.abstract_mesh, spec), vs, _LOCAL_LID
         )
 
+    def _prefetch(self, x: RemoteArray) -> Any:
+        self._check_open()
+        return self._prefetcher.submit(x)
+
+    def _fetch_one(self, x: RemoteArray) -> Any:
+        return self._fetch_values([x])[0]
+
     @staticmethod
     def _check_put_fits(vs: VirtualSlice, nbytes: int) -> None:
         if nbytes >= CHECK_FROM and on_this_machine(vs.data_address):
@@ -346,7 +356,21 @@ class Client(ProgramCalls):
         of the bytes that arrived, not a copy): ``np.array(x)`` gives one to change.
         """
         leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
-        remote = [x for x in leaves if isinstance(x, RemoteArray)]
+        remote = [x for x in leaves if isinstance(x, RemoteArray) and x._host is None]
+        values = iter(self._fetch_values(remote))
+        out = []
+        for leaf in leaves:
+            if not isinstance(leaf, RemoteArray):
+                out.append(leaf)
+            elif leaf._host is not None:  # fetched (or being fetched) in the background
+                leaf._check_usable()
+                out.append(leaf._host.result())
+            else:
+                out.append(next(values))
+        return jax.tree.unflatten(treedef, out)
+
+    def _fetch_values(self, remote: Sequence[RemoteArray]) -> list[Any]:
+        """The values of ``remote``, asked of their hosts now."""
         if remote:
             need = sum(x.nbytes for x in remote)
             check_fits(
@@ -356,13 +380,8 @@ class Client(ProgramCalls):
                 "Fetch a part of it (x[:1000]), reduce it on its slice first "
                 "(x.mean(axis=0)), or keep it remote and pass it to the next program",
             )
-        replies = iter(self._request(remote, "fetch"))
         out = []
-        for leaf in leaves:
-            if not isinstance(leaf, RemoteArray):
-                out.append(leaf)
-                continue
-            h, bufs = next(replies)
+        for h, bufs in self._request(remote, "fetch"):
             shape, dtype = tuple(h["shape"]), decode_dtype(h["dtype"])
             arr = (
                 np.frombuffer(bufs[0], dtype=dtype).reshape(shape)
@@ -374,7 +393,7 @@ class Client(ProgramCalls):
                 out.append(jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=h["key_impl"]))
             else:
                 out.append(arr)
-        return jax.tree.unflatten(treedef, out)
+        return out
 
     def _request(self, xs: Sequence[RemoteArray], kind: str) -> list[Any]:
         """Ask the owning hosts directly for ``kind`` ("fetch" or "wait") of each array."""
