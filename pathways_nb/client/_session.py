@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import threading
 import time
 import weakref
@@ -45,7 +44,7 @@ from pathways_nb.client._prefetch import Prefetcher
 from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
-from pathways_nb.client._status import Status, events_frame
+from pathways_nb.client._status import Status, epoch_seconds, events_frame
 
 _LOCAL_LID = 0
 
@@ -525,7 +524,7 @@ class Client(ProgramCalls):
     def _events_reply(self, since: Any, all_tenants: bool, after: int | None) -> Any:
         header: dict[str, Any] = {
             "t": "events",
-            "since": _epoch_seconds(since),
+            "since": epoch_seconds(since),
             "all": bool(all_tenants),
         }
         if after is not None:
@@ -577,24 +576,6 @@ def graph(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> DataflowGraph:
     """The dataflow graph of ``fn(*args, **kwargs)`` on the current client; see
     :meth:`Client.graph`."""
     return Client.current().graph(fn, *args, **kwargs)
-
-
-def _epoch_seconds(since: Any) -> float:
-    """``events(since=...)`` as seconds since the epoch."""
-    if isinstance(since, bool):
-        raise TypeError(f"since is a time, not a bool; got {since!r}")
-    if isinstance(since, int | float | np.integer | np.floating):
-        return float(since)
-    if isinstance(since, np.datetime64):
-        return float(since.astype("datetime64[ns]").astype(np.int64)) / 1e9
-    if isinstance(since, datetime.datetime):
-        # Naive times are UTC, as the event frame's own are (pd.Timestamp reads them so).
-        aware = since if since.tzinfo is not None else since.replace(tzinfo=datetime.UTC)
-        return aware.timestamp()
-    raise TypeError(
-        "since is seconds since the epoch (time.time()) or a datetime, pd.Timestamp or "
-        f"np.datetime64 (naive ones are UTC); got {type(since).__name__} {since!r}"
-    )
 
 
 def fetch(tree: Any) -> Any:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import Any
+
+import numpy as np
 
 FIELDS = ("time", "kind", "tenant", "lid", "program", "slice", "island", "host", "detail")
 
@@ -116,3 +119,21 @@ def events_frame(rows: list[list[Any]]) -> Any:
     df = pd.DataFrame(rows, columns=list(FIELDS))
     df["time"] = pd.to_datetime(df["time"], unit="s")
     return df
+
+
+def epoch_seconds(since: Any) -> float:
+    """``events(since=...)`` as seconds since the epoch."""
+    if isinstance(since, bool):
+        raise TypeError(f"since is a time, not a bool; got {since!r}")
+    if isinstance(since, int | float | np.integer | np.floating):
+        return float(since)
+    if isinstance(since, np.datetime64):
+        return float(since.astype("datetime64[ns]").astype(np.int64)) / 1e9
+    if isinstance(since, datetime.datetime):
+        # Naive times are UTC, as the event frame's own are (pd.Timestamp reads them so).
+        aware = since if since.tzinfo is not None else since.replace(tzinfo=datetime.UTC)
+        return aware.timestamp()
+    raise TypeError(
+        "since is seconds since the epoch (time.time()) or a datetime, pd.Timestamp or "
+        f"np.datetime64 (naive ones are UTC); got {type(since).__name__} {since!r}"
+    )

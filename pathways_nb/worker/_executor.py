@@ -26,7 +26,7 @@ from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
-from pathways_nb.worker._programs import Program, Programs
+from pathways_nb.worker._programs import Program, Programs, run_key
 from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
@@ -174,7 +174,7 @@ class Executor:
         injected fault to take, and room in XLA's window (so the thread never waits)."""
         if self._faults or not self.completions.has_room():
             return None
-        return self._plans.get(_run_key(h))
+        return self._plans.get(run_key(h))
 
     def serve_inline_from_this_thread(self) -> None:
         """Called once by the host's socket thread: arrivals it stores resume parked work
@@ -257,7 +257,7 @@ class Executor:
         """The launch's plan and input entries if it can run at once, else None."""
         if self._faults:
             return None  # injected faults (delays, crashes) belong on the dispatch thread
-        plan = self._plans.get(_run_key(h))
+        plan = self._plans.get(run_key(h))
         if plan is None:
             return None
         entries = self.store.get_many(h["ins"])
@@ -547,7 +547,7 @@ class Executor:
         t0 = time.time()
         name, sname = h["pid"], h.get("name", h["slice"])
         try:
-            key = _run_key(h)
+            key = run_key(h)
             plan = self._plans.get(key)
             prog = plan[0] if plan is not None else self.programs.program(h["pid"])
             name = prog.name
@@ -597,8 +597,3 @@ class Executor:
             launches=self._launches,
             failures=self._failures + self.completions.failures,
         )
-
-
-def _run_key(h: dict[str, Any]) -> tuple[Any, ...]:
-    """What picks an executable for a ``run`` message."""
-    return (h["pid"], tuple(h["devices"]), tuple(map(tuple, h["mesh"])), tuple(h["donate"]))

@@ -145,3 +145,9 @@ class Programs:
                 raise bad
             raise RemoteError(f"program {pid} is unknown on host {self.host}", kind="invalid")
         return prog
+
+
+def run_key(h: dict[str, Any]) -> tuple[Any, ...]:
+    """What picks an executable for a ``run`` message: its program, devices, mesh and
+    donated arguments."""
+    return (h["pid"], tuple(h["devices"]), tuple(map(tuple, h["mesh"])), tuple(h["donate"]))
