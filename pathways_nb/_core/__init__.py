@@ -18,7 +18,7 @@ from pathways_nb._core._errors import (
     ResourceExhaustedError,
     VersionMismatchError,
 )
-from pathways_nb._core._ids import HandleAllocator, handle_owner
+from pathways_nb._core._ids import HandleAllocator, donated_twice, handle_owner
 from pathways_nb._core._memory import (
     CHECK_FROM,
     Memory,
@@ -31,6 +31,7 @@ from pathways_nb._core._specs import (
     decode_spec,
     encode_mesh,
     encode_spec,
+    entry_axes,
     validate_mesh_shape,
 )
 from pathways_nb._core._versions import Versions, local_versions
@@ -57,9 +58,11 @@ __all__ = [
     "decode_mesh",
     "decode_spec",
     "default_config",
+    "donated_twice",
     "encode_dtype",
     "encode_mesh",
     "encode_spec",
+    "entry_axes",
     "handle_owner",
     "local_versions",
     "machine_memory",

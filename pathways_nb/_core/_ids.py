@@ -8,6 +8,7 @@ the controller assigned at connect in the high bits, a per-client counter below.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 TENANT_SHIFT = 40
 _COUNTER_MASK = (1 << TENANT_SHIFT) - 1
@@ -33,3 +34,16 @@ class HandleAllocator:
         if n > _COUNTER_MASK:
             raise OverflowError("this client has used every handle id; reconnect")
         return self._base | n
+
+
+def donated_twice(handles: Sequence[int], donate: Sequence[int]) -> tuple[int, int] | None:
+    """``(position, count)`` of the first donated input that the same launch also takes
+    at another position, or None. Such a launch would read a buffer XLA may overwrite
+    (and XLA's CPU client ends the process on it): the client and hosts refuse it."""
+    if len(set(handles)) == len(handles):
+        return None
+    for i in donate:
+        count = handles.count(handles[i])
+        if count > 1:
+            return i, count
+    return None

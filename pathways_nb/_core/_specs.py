@@ -11,6 +11,16 @@ if TYPE_CHECKING:
 EncodedSpec = list[Any]
 
 
+def entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes one PartitionSpec entry splits a dimension over: ``None`` none, a
+    name one, a tuple of names each (encoded specs carry lists)."""
+    if entry is None:
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    return tuple(entry)
+
+
 def encode_spec(spec: PartitionSpec) -> EncodedSpec:
     """``P("data", None, ("a", "b"))`` → ``["data", None, ["a", "b"]]``."""
     out: EncodedSpec = []

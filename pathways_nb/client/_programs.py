@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import decode_spec, encode_spec
+from pathways_nb._core import decode_spec, donated_twice, encode_spec
 from pathways_nb.client import _graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
@@ -387,15 +387,12 @@ def _check_donation(name: str, arrays: Sequence[RemoteArray], donate: Sequence[i
     """Refuse an array that is donated and passed again in the same call: the program
     may overwrite a donated buffer, so it cannot also be read as another input (XLA
     refuses it, and with CPU devices ends the host's process)."""
-    positions: dict[int, int] = {}
-    for a in arrays:
-        positions[a.handle] = positions.get(a.handle, 0) + 1
-    for i in donate:
-        a = arrays[i]
-        if positions[a.handle] > 1:
-            raise ValueError(
-                f"{name}: the same array {a!r} is passed {positions[a.handle]} times and "
-                "donated (donate_argnums): a donated buffer is the program's to overwrite, "
-                "so it cannot also be read as another argument. Pass a copy for one of "
-                "them (x.copy()), or do not donate it"
-            )
+    twice = donated_twice([a.handle for a in arrays], donate)
+    if twice is not None:
+        i, count = twice
+        raise ValueError(
+            f"{name}: the same array {arrays[i]!r} is passed {count} times and donated "
+            "(donate_argnums): a donated buffer is the program's to overwrite, so it "
+            "cannot also be read as another argument. Pass a copy for one of them "
+            "(x.copy()), or do not donate it"
+        )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from pathways_nb._core import ClosedError, PathwaysError
+from pathways_nb._core import ClosedError, PathwaysError, entry_axes
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -107,7 +107,7 @@ class RemoteArray:
         """Whether every device of the slice holds the whole array (its spec splits it
         over no mesh axis larger than one device)."""
         sizes = dict(self.sharding.mesh.shape)
-        return math.prod(sizes[a] for a in _spec_axes(self.spec)) == 1
+        return math.prod(sizes[a] for e in self.spec for a in entry_axes(e)) == 1
 
     @property
     def aval(self) -> Any:
@@ -417,14 +417,6 @@ class _AtIndex:
 
     def get(self, **kwargs: Any) -> RemoteArray:
         return self._update("get", **kwargs)
-
-
-def _spec_axes(spec: Any) -> Iterator[str]:
-    """The mesh axis names a PartitionSpec splits over."""
-    for entry in spec:
-        if entry is None:
-            continue
-        yield from (entry,) if isinstance(entry, str) else entry
 
 
 def _dtype_name(dtype: Any) -> str:

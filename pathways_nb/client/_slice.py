@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pathways_nb._core import ClosedError, DataLossError
+from pathways_nb._core import ClosedError, DataLossError, entry_axes
 
 if TYPE_CHECKING:
     from jax.sharding import AbstractMesh, PartitionSpec
@@ -111,9 +111,8 @@ class VirtualSlice:
                 f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
             )
         for dim, entry in enumerate(spec):
-            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
             n = 1
-            for a in axes:
+            for a in entry_axes(entry):
                 if a not in self.mesh_shape:
                     raise ValueError(
                         f"PartitionSpec {spec} names axis {a!r}, but slice {self.name!r} has axes "

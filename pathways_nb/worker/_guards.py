@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pathways_nb._core import RemoteError, ResourceExhaustedError, machine_memory
+from pathways_nb._core import RemoteError, ResourceExhaustedError, donated_twice, machine_memory
 
 
 def program_bytes(executable: Any, devices: int) -> int:
@@ -91,12 +91,11 @@ class MemoryGuard:
 
 def check_donation(ins: list[int], donate: tuple[int, ...]) -> None:
     """Raise RemoteError if a donated input is also another input of the launch."""
-    if len(set(ins)) == len(ins):
-        return
-    for i in donate:
-        if ins.count(ins[i]) > 1:
-            raise RemoteError(
-                f"input {ins[i]:#x} is donated and passed {ins.count(ins[i])} times in one "
-                "launch; a donated buffer cannot also be read as another input",
-                kind="invalid",
-            )
+    twice = donated_twice(ins, donate)
+    if twice is not None:
+        i, count = twice
+        raise RemoteError(
+            f"input {ins[i]:#x} is donated and passed {count} times in one launch; a "
+            "donated buffer cannot also be read as another input",
+            kind="invalid",
+        )

@@ -32,6 +32,7 @@ from pathways_nb._core import (
     decode_dtype,
     decode_spec,
     encode_dtype,
+    entry_axes,
     local_versions,
     on_this_machine,
 )
@@ -77,7 +78,7 @@ def shard_indices(
         raise ValueError(f"spec {spec} has more entries than the array has dimensions {shape}")
     dims: list[list[str]] = []
     for d, entry in enumerate(spec):
-        axes = [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+        axes = list(entry_axes(entry))
         for a in axes:
             if a not in sizes:
                 raise ValueError(f"spec {spec} names axis {a!r}; the mesh has {names}")
