@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 import time
 
 import jax
@@ -229,6 +231,13 @@ def test_the_dataflow_graph_is_built_from_shapes_and_nothing_runs(client: pw.Cli
     dot = g.to_dot()
     assert dot.startswith("digraph step") and "style=dashed" in dot and dot.count("->") == 2
     assert "2 programs on 2 slices" in repr(g)
+    # In a notebook cell: the summary, the programs by slice and the edges as tables.
+    page = g._repr_html_()
+    assert repr(g)[1:-1] in html.unescape(page)
+    assert page.count("<tr>") == 3 + 1 + 2 + 1  # programs and edges, each with a head
+    assert f"<td>{a.name} → {b.name}</td>" in html.unescape(page)
+    assert "<td>float32[6, 16]</td><td>P(&#x27;x&#x27;,)</td>" in page and "384 B" in page
+    assert "<th>ms</th>" not in page  # nothing ran
     out = pw.graph(step, x)  # the module-level form, on the current client
     assert out.programs == 2
     # Numpy inputs become puts; placeholders have shapes but no values.
@@ -256,6 +265,11 @@ def test_a_recorded_step_is_annotated_with_times_from_the_event_log(client: pw.C
     assert t["lid"] > 0 and t["end"] >= t["start"]
     # The transfer starts after the producer started and ends before the consumer ends.
     assert t["start"] >= progs.start.iloc[0] and t["end"] <= progs.end.iloc[1]
+    # Its notebook view gives each program's milliseconds.
+    page = g._repr_html_()
+    took = sorted((progs.end - progs.start).dt.total_seconds() * 1e3)
+    shown = sorted(float(v) for v in re.findall(r"<td>(\d+\.\d\d)</td>", page))
+    assert "<th>ms</th>" in page and np.allclose(shown, took, atol=0.006)
     placeholders: list[pw.RemoteArray] = []
     client.graph(lambda v: placeholders.append(enc(v)), x)
     with pytest.raises(TypeError, match="no value"):

@@ -205,6 +205,39 @@ def test_status_and_events_are_dataframes(client: pw.Client) -> None:
         client.events(since="yesterday")
 
 
+def test_status_rows_match_its_frames_and_event_rows_page_the_log(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2}, name="rows")
+    f = pw.jit(lambda x: x - 1, name="minus_one")
+    st = client.status()
+    # The plain rows are the frames' rows, column for column, and the repr starts with
+    # the summary.
+    for name, columns in pw.Status.COLUMNS.items():
+        frame = getattr(st, name)
+        assert tuple(frame.columns) == columns
+        assert len(frame) == len(st.rows[name])
+    assert [list(r) for r in st.slices.itertuples(index=False)] == st.rows["slices"]
+    assert repr(st).splitlines()[0] == st.summary
+    assert f"{len(st.rows['slices'])} slices" in st.summary
+    # A cursor pages the log: the first call has everything so far, the next only what
+    # came after it.
+    first = client.event_rows()
+    assert first.next >= len(first.rows)
+    x = vs.put(np.ones(4, np.float32), P("data"))
+    y = f(x)
+    y.block_until_ready()
+    client.wait_all(10)
+    rows, cursor = client.event_rows(first.next)
+    kinds = [r[1] for r in rows if r[4] == "minus_one"]
+    assert sorted(kinds) == ["end", "launch", "start"]
+    assert cursor > first.next
+    assert len(rows[0]) == len(pw.Status.COLUMNS["events"])
+    assert client.event_rows(cursor).rows == []
+    with pytest.raises(TypeError, match=r"after is a cursor.*got -1"):
+        client.event_rows(-1)
+    with pytest.raises(TypeError, match=r"after is a cursor.*got '3'"):
+        client.event_rows("3")  # type: ignore[arg-type]
+
+
 def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> None:
     # A private cluster: losing a host must not disturb the shared one.
     with pw.InProcessCluster(2, 2) as c, c.client() as client:

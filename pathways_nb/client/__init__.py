@@ -7,11 +7,12 @@ from pathways_nb.client._pipeline import Pipeline, pipeline
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._session import Client, fetch, graph
 from pathways_nb.client._slice import VirtualSlice
-from pathways_nb.client._status import Status
+from pathways_nb.client._status import EventRows, Status
 
 __all__ = [
     "Client",
     "DataflowGraph",
+    "EventRows",
     "Future",
     "GraphArray",
     "Pipeline",

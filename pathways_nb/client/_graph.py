@@ -10,6 +10,7 @@ really runs; :meth:`DataflowGraph.annotate` then adds the times from the event l
 from __future__ import annotations
 
 import dataclasses
+import html
 import itertools
 import re
 import threading
@@ -227,13 +228,58 @@ class DataflowGraph:
         return str(self.to_graphviz().source)
 
     def __repr__(self) -> str:
+        return f"<{self._summary()}>"
+
+    def _summary(self) -> str:
         slices = sorted({n.slice for n in self._nodes})
         moved = sum(e.bytes for e in self._edges if e.kind == "transfer")
         return (
-            f"<DataflowGraph {self.name!r}: {self.programs} programs on {len(slices)} slices "
+            f"DataflowGraph {self.name!r}: {self.programs} programs on {len(slices)} slices "
             f"{slices}, {len(self._edges)} edges, {self.transfers} transfers "
-            f"({_human(moved)} moved)>"
+            f"({_human(moved)} moved)"
         )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the summary, then the programs by slice and the edges between
+        them as tables (``pw.viz.graph(step, ...)`` draws the graph itself)."""
+        names = {n.id: n.name for n in self._nodes}
+        timed = bool(self._times)
+        node_rows = []
+        for n in sorted(self._nodes, key=lambda n: (n.slice, n.id)):
+            row = [n.name, n.kind, n.slice, n.island]
+            if timed:
+                t = self._times.get(n.lid)
+                row.append(f"{1e3 * (t[1] - t[0]):.2f}" if t is not None else "")
+            node_rows.append(row)
+        edge_rows = [
+            [
+                names.get(e.src, e.src),
+                names.get(e.dst, e.dst),
+                e.kind,
+                f"{e.dtype}{list(e.shape)}",
+                e.spec,
+                f"{e.from_slice} → {e.to_slice}" if e.kind == "transfer" else e.from_slice,
+                _human(e.bytes),
+            ]
+            for e in self._edges
+        ]
+        node_cols = ["program", "kind", "slice", "island", *(["ms"] if timed else [])]
+        edge_cols = ["from", "to", "kind", "array", "spec", "slices", "bytes"]
+        return (
+            f"<p><b>{html.escape(self._summary())}</b></p>"
+            f"<h4>programs</h4>{_html_table(node_cols, node_rows)}"
+            f"<h4>edges</h4>{_html_table(edge_cols, edge_rows)}"
+        )
+
+
+def _html_table(columns: list[str], rows: list[list[Any]]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows
+    )
+    return f'<table class="dataframe"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _label(lines: list[str]) -> str:

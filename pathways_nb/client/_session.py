@@ -44,7 +44,7 @@ from pathways_nb.client._prefetch import Prefetcher
 from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
-from pathways_nb.client._status import Status, epoch_seconds, events_frame
+from pathways_nb.client._status import EventRows, Status, epoch_seconds, events_frame
 
 _LOCAL_LID = 0
 
@@ -507,19 +507,22 @@ class Client(ProgramCalls):
         return 0
 
     def status(self) -> Status:
-        """A snapshot of the cluster: islands, devices, slices, tenants."""
-        return Status.from_reply(self._status_reply())
+        """A snapshot of the cluster: islands, devices, slices, tenants (see
+        :class:`Status`; its DataFrames are built when first read)."""
+        return Status.from_reply(self._ask({"t": "status"})["status"])
 
-    def _status_reply(self) -> dict[str, Any]:
-        """The controller's status snapshot as it came (live widgets skip the DataFrames)."""
-        reply: dict[str, Any] = self._ask({"t": "status"})["status"]
-        return reply
+    def event_rows(self, after: int = 0) -> EventRows:
+        """This client's events logged after the ``after``-th, as plain rows in
+        ``Status.COLUMNS["events"]`` order, and the cursor to pass next time: what a live
+        view polls without building a DataFrame each time.
 
-    def _event_rows(self, after: int) -> tuple[list[list[Any]], int]:
-        """This client's events logged after the ``after``-th, as rows in the event
-        log's field order, and the cursor for next time (for live widgets)."""
+        >>> cursor = 0
+        >>> rows, cursor = client.event_rows(cursor)   # later: only the new ones
+        """
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise TypeError(f"after is a cursor (0, or the next of an earlier call); got {after!r}")
         h = self._events_reply(0.0, False, after)
-        return h["events"], int(h["next"])
+        return EventRows(h["events"], int(h["next"]))
 
     def _events_reply(self, since: Any, all_tenants: bool, after: int | None) -> Any:
         header: dict[str, Any] = {

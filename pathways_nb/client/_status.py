@@ -1,57 +1,117 @@
-"""Status snapshots as pandas DataFrames with a readable repr."""
+"""Status snapshots as pandas DataFrames with a readable repr, and the event log's rows."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 FIELDS = ("time", "kind", "tenant", "lid", "program", "slice", "island", "host", "detail")
+ISLAND_COLUMNS = ("island", "host", "alive", "platform", "process", "devices", "free", "queued")
+DEVICE_COLUMNS = ("island", "host", "device", "slice")
+SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices", "state")
+TENANT_COLUMNS = ("tenant", "name", "weight", "launches", "pending", "device_seconds")
 
 
-@dataclasses.dataclass(frozen=True)
 class Status:
-    """``client.status()``: islands, devices, slices, tenants and the newest events as
-    DataFrames."""
+    """``client.status()``: a snapshot of islands, devices, slices, tenants and the newest
+    events.
 
-    islands: Any
-    devices: Any
-    slices: Any
-    tenants: Any
-    events: Any
-    queued: dict[str, int]
-    inflight: dict[str, int]
-    events_total: int
-    window: int
+    ``islands``, ``devices``, ``slices``, ``tenants`` and ``events`` are pandas
+    DataFrames, built on first use; ``rows`` holds the same tables as plain lists (in
+    :data:`COLUMNS` order), which live views draw without building DataFrames.
+    ``summary`` is the repr's first line.
+
+    >>> s = client.status()
+    >>> s.islands[["island", "free"]]
+    >>> s.rows["slices"][0][s.COLUMNS["slices"].index("mesh")]
+    """
+
+    COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "islands": ISLAND_COLUMNS,
+        "devices": DEVICE_COLUMNS,
+        "slices": SLICE_COLUMNS,
+        "tenants": TENANT_COLUMNS,
+        "events": FIELDS,
+    }
+
+    def __init__(
+        self,
+        rows: dict[str, list[list[Any]]],
+        queued: dict[str, int],
+        inflight: dict[str, int],
+        events_total: int,
+        window: int,
+    ) -> None:
+        self.rows = rows
+        self.queued = queued
+        self.inflight = inflight
+        self.events_total = events_total
+        self.window = window
+        self._frames: dict[str, Any] = {}
 
     @staticmethod
     def from_reply(s: dict[str, Any]) -> Status:
-        import pandas as pd
-
-        t = tables(s)
         return Status(
-            islands=pd.DataFrame(t["islands"], columns=list(ISLAND_COLUMNS)),
-            devices=pd.DataFrame(t["devices"], columns=list(DEVICE_COLUMNS)),
-            slices=pd.DataFrame(t["slices"], columns=list(SLICE_COLUMNS)),
-            tenants=pd.DataFrame(t["tenants"], columns=list(TENANT_COLUMNS)),
-            events=events_frame(t["events"]),
+            rows=tables(s),
             queued=dict(s["queued"]),
             inflight=dict(s["inflight"]),
             events_total=int(s["events_total"]),
             window=int(s["window"]),
         )
 
+    def _frame(self, name: str) -> Any:
+        df = self._frames.get(name)
+        if df is None:
+            import pandas as pd
+
+            if name == "events":
+                df = events_frame(self.rows["events"])
+            else:
+                df = pd.DataFrame(self.rows[name], columns=list(self.COLUMNS[name]))
+            self._frames[name] = df
+        return df
+
+    @property
+    def islands(self) -> Any:
+        """One row per island: its host, whether it is alive, its devices and queue."""
+        return self._frame("islands")
+
+    @property
+    def devices(self) -> Any:
+        """One row per device: its island, host and the slice that holds it ("" if free)."""
+        return self._frame("devices")
+
+    @property
+    def slices(self) -> Any:
+        """One row per slice: its mesh, island, devices and state."""
+        return self._frame("slices")
+
+    @property
+    def tenants(self) -> Any:
+        """One row per client: its weight, launches, pending launches and device time."""
+        return self._frame("tenants")
+
+    @property
+    def events(self) -> Any:
+        """The newest events of the log (the columns of ``client.events()``)."""
+        return self._frame("events")
+
+    @property
+    def summary(self) -> str:
+        """Counts of islands, devices (and those in slices), slices and tenants."""
+        return summary_line(
+            len(self.rows["islands"]),
+            [d[3] for d in self.rows["devices"]],
+            len(self.rows["slices"]),
+            len(self.rows["tenants"]),
+            self.window,
+        )
+
     def __repr__(self) -> str:
         lines = [
-            summary_line(
-                len(self.islands),
-                list(self.devices["slice"]),
-                len(self.slices),
-                len(self.tenants),
-                self.window,
-            ),
+            self.summary,
             "",
             "islands:",
             self.islands.to_string(index=False) if len(self.islands) else "  (none)",
@@ -62,10 +122,13 @@ class Status:
         return "\n".join(lines)
 
 
-ISLAND_COLUMNS = ("island", "host", "alive", "platform", "process", "devices", "free", "queued")
-DEVICE_COLUMNS = ("island", "host", "device", "slice")
-SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices", "state")
-TENANT_COLUMNS = ("tenant", "name", "weight", "launches", "pending", "device_seconds")
+class EventRows(NamedTuple):
+    """Events logged after a cursor (``client.event_rows(after)``): ``rows`` in
+    :data:`FIELDS` order, times as seconds since the epoch, and ``next``, the cursor
+    to pass next time."""
+
+    rows: list[list[Any]]
+    next: int
 
 
 def tables(s: dict[str, Any]) -> dict[str, list[Any]]:

@@ -21,16 +21,7 @@ import anywidget
 import pandas as pd
 import traitlets
 
-from pathways_nb.client import Client, DataflowGraph
-from pathways_nb.client._status import (
-    DEVICE_COLUMNS,
-    ISLAND_COLUMNS,
-    SLICE_COLUMNS,
-    TENANT_COLUMNS,
-    summary_line,
-    tables,
-)
-from pathways_nb.client._status import FIELDS as EVENT_FIELDS
+from pathways_nb.client import Client, DataflowGraph, Status
 from pathways_nb.viz._svg import timeline_svg
 from pathways_nb.viz._timeline import Tracker
 
@@ -138,7 +129,7 @@ class TimelineWidget(_Live):
 
     def refresh(self) -> None:
         # Only events logged since the last refresh cross the wire and get looked at.
-        ev, self._cursor = self._client._event_rows(self._cursor)
+        ev, self._cursor = self._client.event_rows(self._cursor)
         if not ev and self.rows and self.last is None:
             return  # nothing new to draw
         self._tracker.add(ev)
@@ -216,28 +207,23 @@ class StatusWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        # Straight from the snapshot's rows: DataFrames and their to_html would cost the
-        # notebook's kernel ten times as much, every refresh.
-        s = self._client._status_reply()
-        t = tables(s)
-        self.summary = summary_line(
-            len(t["islands"]),
-            [d[3] for d in t["devices"]],
-            len(t["slices"]),
-            len(t["tenants"]),
-            int(s["window"]),
-        )
+        # Straight from the snapshot's rows: its DataFrames (never built here) and their
+        # to_html would cost the notebook's kernel ten times as much, every refresh.
+        s = self._client.status()
+        self.summary = s.summary
+        t = s.rows
         events = [[_clock(e[0]), *e[1:]] for e in t["events"]]
         parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
-        for title, columns, rows in (
-            ("islands", ISLAND_COLUMNS, t["islands"]),
-            ("devices", DEVICE_COLUMNS, t["devices"]),
-            ("slices", SLICE_COLUMNS, t["slices"]),
-            ("tenants", TENANT_COLUMNS, t["tenants"]),
-            ("latest events", EVENT_FIELDS, events),
+        for title, name in (
+            ("islands", "islands"),
+            ("devices", "devices"),
+            ("slices", "slices"),
+            ("tenants", "tenants"),
+            ("latest events", "events"),
         ):
+            rows = events if name == "events" else t[name]
             parts.append(f"<h4>{title}</h4>")
-            parts.append(_html_table(columns, rows) if rows else "<p>none</p>")
+            parts.append(_html_table(Status.COLUMNS[name], rows) if rows else "<p>none</p>")
         self.html = "".join(parts)
         self.updated = time.time()
 
@@ -263,8 +249,8 @@ class DevicesWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        t = tables(self._client._status_reply())
-        ev, self._cursor = self._client._event_rows(self._cursor)
+        t = self._client.status().rows
+        ev, self._cursor = self._client.event_rows(self._cursor)
         for e in ev:  # time, kind, tenant, lid, program, slice, ...
             if e[1] == "start" and e[4] != "transfer":
                 self._last[str(e[5])] = str(e[4])
