@@ -458,6 +458,24 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     np.testing.assert_array_equal(np.stack([np.asarray(row) for row in rows]), v)
     with pytest.raises(TypeError, match="0-d"):
         iter(x.sum())
+    # Python's operators that make arrays: round, divmod and shifts, reflected ones too.
+    k, jk = vs.put(np.arange(8, dtype=np.int32) - 3, P("data")), jnp.arange(8, dtype=jnp.int32) - 3
+    python_ops: dict[str, Any] = {
+        "round(t)": lambda t: round(t * 1.5),
+        "round(t, 2)": lambda t: round(t * 1.2345, 2),
+        "divmod(t, 3)": lambda t: divmod(t, 3),
+        "divmod(7, t)": lambda t: divmod(7, t + 20),
+        "t << 2": lambda t: t << 2,
+        "1 << t": lambda t: 1 << (t + 3),
+        "t >> 1": lambda t: t >> 1,
+        "64 >> t": lambda t: 64 >> (t + 3),
+    }
+    for name, fn in python_ops.items():
+        got, want = jax.tree.leaves(fn(k)), jax.tree.leaves(fn(jk))
+        assert len(got) == len(want) and all(isinstance(g, pw.RemoteArray) for g in got), name
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype, name
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, err_msg=name)
     assert x in {x} and x is not x.T  # hashed by identity, as the handle it is
     with pytest.raises(TypeError, match="index takes"):
         x[{"a": 1}]
@@ -506,6 +524,14 @@ def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:
     assert not x.is_fully_replicated
     assert vs.put(v, P()).is_fully_replicated and vs.put(v, P("model")).is_fully_replicated
     assert x.tobytes() == j.tobytes()
+    # Where a jax.Array on the same mesh answers without running anything, so does x.
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(2, 1), ("data", "model"))
+    for spec in (P("data"), P(), P(None, "data")):
+        on_mesh = jax.device_put(v, jax.sharding.NamedSharding(mesh, spec))
+        mine = vs.put(v, spec)
+        assert mine.on_device_size_in_bytes() == on_mesh.on_device_size_in_bytes(), spec
+        assert mine.committed and on_mesh.committed
+        assert mine.device == mine.sharding and mine.device.spec == on_mesh.device.spec
     params = {"w": [x], "b": vs.put(np.ones(2, np.float32), P())}
     snap = copy.deepcopy(params)
     assert snap["w"][0] is not x and snap["w"][0].handle != x.handle

@@ -110,6 +110,32 @@ class RemoteArray:
         return math.prod(sizes[a] for e in self.spec for a in entry_axes(e)) == 1
 
     @property
+    def committed(self) -> bool:
+        """Always True: a RemoteArray lives on its slice's devices, as a ``jax.Array`` put
+        there with an explicit sharding does."""
+        return True
+
+    @property
+    def device(self) -> Any:
+        """The array's sharding, as ``jax.Array.device`` gives for an array on several
+        devices (the Array API's attribute)."""
+        return self.sharding
+
+    def on_device_size_in_bytes(self) -> int:
+        """Bytes the array takes on its slice's devices together: each device's shard,
+        replicated ones counted on every device that holds them."""
+        if not _is_numpy_dtype(self.dtype):
+            return 0
+        shard = math.prod(self.sharding.shard_shape(self.shape))
+        devices = math.prod(dict(self.sharding.mesh.shape).values())
+        return shard * devices * np.dtype(self.dtype).itemsize
+
+    def __round__(self, ndigits: int | None = None) -> RemoteArray:
+        """``round(x)``: an array of x's dtype, as for a ``jax.Array``."""
+        args = () if ndigits is None else (int(ndigits),)
+        return self._client._method(self, "__round__", None, args, {})
+
+    @property
     def aval(self) -> Any:
         """The abstract value (``jax.core.ShapedArray``) a program traces this array as."""
         from jax.core import ShapedArray
@@ -467,6 +493,9 @@ for _name, _op in {
     "and": operator.and_,
     "or": operator.or_,
     "xor": operator.xor,
+    "lshift": operator.lshift,
+    "rshift": operator.rshift,
+    "divmod": divmod,  # two arrays, as jax.Array's
 }.items():
     setattr(RemoteArray, f"__{_name}__", _binary(_op, _name, False))
     setattr(RemoteArray, f"__r{_name}__", _binary(_op, _name, True))
