@@ -216,6 +216,32 @@ def test_donation_deletes_the_argument(client: pw.Client) -> None:
     np.testing.assert_array_equal(z.fetch(), 2 * np.arange(1, 5, dtype=np.float32))
     assert by.is_deleted() and not y.is_deleted()
 
+    # donate_argnames, as jax.jit takes it: by name, positional or keyword-only; either
+    # of argnums and argnames given alone implies the other through the signature.
+    def scaled(a: Any, b: Any, *, c: Any = 1.0) -> Any:
+        return a * b + c
+
+    g = pw.jit(scaled, donate_argnames="a")
+    ref = jax.jit(scaled, donate_argnames="a")
+    assert (g.donate_argnums, g.donate_argnames) == ((0,), ("a",))
+    assert pw.jit(scaled, donate_argnums=1).donate_argnames == ("b",)
+    for call in (lambda f, a, b: f(a, b), lambda f, a, b: f(b=b, a=a)):
+        a = vs.put(np.full(4, 3.0, np.float32), P("data"))
+        out = call(g, a, y)
+        assert a.is_deleted() and not y.is_deleted()
+        np.testing.assert_array_equal(
+            out.fetch(), np.asarray(call(ref, jnp.full(4, 3.0), y.fetch()))
+        )
+    c = vs.put(np.full(4, 5.0, np.float32), P("data"))
+    np.testing.assert_array_equal(
+        pw.jit(scaled, donate_argnames="c")(y, y, c=c).fetch(), y.fetch() ** 2 + 5
+    )
+    assert c.is_deleted()
+    with pytest.raises(ValueError, match=r"donate_argnames names 'q', which scaled does not take"):
+        pw.jit(scaled, donate_argnames="q")
+    with pytest.raises(ValueError, match="both static and donated"):
+        pw.jit(scaled, donate_argnames="a", static_argnames="a")
+
 
 def test_a_program_takes_only_its_own_clients_arrays(cluster: pw.InProcessCluster) -> None:
     with pw.Client(cluster, name="alice") as alice, pw.Client(cluster, name="bob") as bob:
@@ -256,6 +282,27 @@ def test_host_callbacks_fail_at_trace_time(client: pw.Client) -> None:
 
     with pytest.raises(pw.TraceError, match="host callback"):
         noisy(vs.put(np.ones(2, np.float32)))
+
+    @pw.jit
+    def called_back(x: jax.Array) -> jax.Array:
+        return jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    with pytest.raises(pw.TraceError, match=r"host callback .*\(JAX: .*devices"):
+        called_back(vs.put(np.ones(2, np.float32)))
+
+
+def test_a_remote_array_captured_by_a_traced_function_is_a_clear_error(
+    client: pw.Client,
+) -> None:
+    vs = client.allocate({"x": 2})
+    w = vs.put(np.ones(2, np.float32))
+    x = vs.put(np.arange(2, dtype=np.float32))
+    with pytest.raises(TypeError, match=r"inside a traced function .* pass it as an argument"):
+        pw.jit(lambda v: v * w)(x)
+    with pytest.raises(TypeError, match=r"inside a traced function"):
+        pw.jit(lambda v: w.clip(v, 3.0))(x)
+    # Passed in, the same function runs.
+    np.testing.assert_array_equal(np.asarray(pw.jit(lambda v, w: v * w)(x, w)), [0.0, 1.0])
 
 
 def test_the_slices_mesh_is_the_context_mesh_while_tracing(client: pw.Client) -> None:
@@ -355,6 +402,12 @@ def test_eval_shape_and_lower_work_as_in_jax(client: pw.Client) -> None:
     assert lowered.out_info[1].shape == (3, 4)
     with pytest.raises(TypeError, match="compiles on its slice's host"):
         lowered.compile()
+    # trace() as jax.jit's: the jaxpr and output shapes, and a lowering from it.
+    traced = f.trace(x)
+    want = jax.jit(lambda x: (x.sum(1), x.T)).trace(jnp.ones((4, 3), jnp.float32))
+    assert str(traced.jaxpr) == str(want.jaxpr)
+    assert [o.shape for o in traced.out_info] == [(4,), (3, 4)]
+    assert traced.lower().as_text() == text
 
 
 def test_remote_array_arithmetic_and_indexing(client: pw.Client) -> None:

@@ -83,6 +83,7 @@ class RemoteFunction:
         static_argnums: int | Sequence[int] | None = None,
         static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None,
         slice: VirtualSlice | None = None,
         name: str | None = None,
     ) -> None:
@@ -96,10 +97,17 @@ class RemoteFunction:
         self.static_argnames = (
             (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames or ())
         )
-        self.donate_argnums = _norm_argnums(donate_argnums)
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):
+            self._signature = None
+        self.donate_argnums, self.donate_argnames = self._donation(donate_argnums, donate_argnames)
+        self.donates = bool(self.donate_argnums or self.donate_argnames)
         overlap = set(self.static_argnums) & set(self.donate_argnums)
-        if overlap:
-            raise ValueError(f"arguments {sorted(overlap)} cannot be both static and donated")
+        overlap_names = set(self.static_argnames) & set(self.donate_argnames)
+        if overlap or overlap_names:
+            both: list[Any] = [*sorted(overlap), *sorted(overlap_names)]
+            raise ValueError(f"arguments {both} cannot be both static and donated")
         if slice is not None and not isinstance(slice, VirtualSlice):
             raise TypeError(
                 "pw.jit's slice= takes a VirtualSlice from client.allocate(...); got "
@@ -108,10 +116,35 @@ class RemoteFunction:
         self.slice = slice
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, fun)
-        try:
-            self._signature: inspect.Signature | None = inspect.signature(fun)
-        except (TypeError, ValueError):
-            self._signature = None
+
+    def _donation(
+        self, argnums: int | Sequence[int] | None, argnames: str | Sequence[str] | None
+    ) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The donated positions and names. As in jax.jit, either one given alone implies
+        the other through the function's signature."""
+        nums = _norm_argnums(argnums)
+        names = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
+        params = list(self._signature.parameters.values()) if self._signature else []
+        positional = [
+            p.name
+            for p in params
+            if p.kind
+            in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+        if names and self._signature is not None and not takes_kwargs:
+            known = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(
+                    f"donate_argnames names {unknown[0]!r}, which {self.name} does not take "
+                    f"by keyword; its parameters are ({', '.join(p.name for p in params)})"
+                )
+        if names and argnums is None:
+            nums = tuple(i for i, n in enumerate(positional) if n in names)
+        if nums and argnames is None:
+            names = tuple(positional[i] for i in nums if i < len(positional))
+        return nums, names
 
     def __repr__(self) -> str:
         return f"<pw.jit {self.name} ({len(self._programs)} programs)>"
@@ -175,8 +208,10 @@ class RemoteFunction:
         abstract = jax.tree.map(_abstract_leaf, dyn, is_leaf=_is_remote)
         return jax.eval_shape(lambda d: self._apply(d, static), abstract)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(...).lower`` for the slice's abstract mesh (no devices needed)."""
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """``jax.jit(...).trace``: the function traced for these arguments' shapes
+        (``.jaxpr``, ``.out_info``); ``.lower()`` lowers it for the slice's platform.
+        Nothing runs."""
         dyn, static = self._split(args, kwargs)
         leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
         avals = [_abstract_leaf(x) for x in leaves]
@@ -184,7 +219,11 @@ class RemoteFunction:
         remote = next((x for x in leaves if _is_remote(x)), None)
         vs = self.slice or (remote.slice if remote is not None else None)
         platform = vs.platform if vs is not None else jax.default_backend()
-        return Lowered(self.name, fn.trace(*avals).lower(lowering_platforms=(platform,)))
+        return Traced(self.name, fn.trace(*avals), platform)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.jit(...).lower`` for the slice's abstract mesh (no devices needed)."""
+        return self.trace(*args, **kwargs).lower()
 
     # helpers used by the client ------------------------------------------------------
     def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -250,10 +289,10 @@ class RemoteFunction:
         """Flat indices (among dynamic leaves) of the donated arguments: those
         ``donate_argnums`` names, passed by position or, through the function's
         signature, by keyword (as jax.jit maps them)."""
-        if not self.donate_argnums:
+        if not self.donate_argnums and not self.donate_argnames:
             return set()
         names = list(self._signature.parameters) if self._signature is not None else []
-        by_name = {names[i] for i in self.donate_argnums if i < len(names)}
+        by_name = set(self.donate_argnames)
         beyond = [
             i
             for i in self.donate_argnums
@@ -281,6 +320,13 @@ class RemoteFunction:
                 out.update(range(pos, pos + n))
             pos += n
         return out
+
+    def _tracing_note(self, vs: VirtualSlice, avals: Sequence[jax.ShapeDtypeStruct]) -> str:
+        """Which program and inputs a JAX error came from (in a pipeline, which stage)."""
+        return (
+            f"while tracing pw.jit program {self.name!r} for slice {vs.name!r} with "
+            f"inputs {', '.join(_aval_text(a) for a in avals) or '(none)'}"
+        )
 
     def _trace(
         self,
@@ -342,20 +388,19 @@ class RemoteFunction:
             blob = bytes(exp.serialize())
         except NotImplementedError as exc:
             if "host_callback" in str(exc):
-                raise TraceError(
-                    f"{self.name} uses a host callback (jax.debug.print, jax.pure_callback, "
-                    "io_callback, ...). Programs run on remote hosts as jax.export artifacts, "
-                    "which cannot carry callbacks: remove the callback, or return the value "
-                    "and print it after fetching."
-                ) from None
+                raise TraceError(_CALLBACK.format(name=self.name)) from None
+            raise
+        except ValueError as exc:
+            # What JAX says of a callback lowered for an abstract mesh (pure_callback,
+            # io_callback): it would need this process's devices.
+            if "require devices to be present during lowering" in str(exc):
+                raise TraceError(_CALLBACK.format(name=self.name) + f" (JAX: {exc})") from None
+            exc.add_note(self._tracing_note(vs, avals))
             raise
         except Exception as exc:
             # JAX's own error, kept as it is, with which program and inputs it came from
             # (in a pipeline, which stage).
-            exc.add_note(
-                f"while tracing pw.jit program {self.name!r} for slice {vs.name!r} with "
-                f"inputs {', '.join(_aval_text(a) for a in avals) or '(none)'}"
-            )
+            exc.add_note(self._tracing_note(vs, avals))
             raise
         out_specs: list[PartitionSpec | None] = []
         known = exp.out_shardings_jax(am)
@@ -384,6 +429,13 @@ class RemoteFunction:
         )
 
 
+_CALLBACK = (
+    "{name} uses a host callback (jax.debug.print, jax.pure_callback, io_callback, ...). "
+    "Programs run on remote hosts as jax.export artifacts, which cannot carry callbacks: "
+    "remove the callback, or return the value and print it after fetching."
+)
+
+
 def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:
     """One PartitionSpec per output leaf from ``out_shardings`` given as a tree prefix;
     None where it says None, which leaves that output's layout to the compiler, as in
@@ -400,6 +452,25 @@ def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:
     for spec, sub in zip(specs, subtrees, strict=True):
         out.extend([_spec_of(spec)] * len(jax.tree.leaves(sub)))
     return out
+
+
+class Traced:
+    """What ``jax.jit(...).trace`` gives (``jaxpr``, ``out_info``, ...), traced for the
+    slice's abstract mesh; :meth:`lower` lowers it for the slice's platform."""
+
+    def __init__(self, name: str, traced: Any, platform: str) -> None:
+        self._name = name
+        self._traced = traced
+        self._platform = platform
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._traced, attr)
+
+    def __repr__(self) -> str:
+        return f"<pw.jit {self._name} traced: {self._traced!r}>"
+
+    def lower(self) -> Lowered:
+        return Lowered(self._name, self._traced.lower(lowering_platforms=(self._platform,)))
 
 
 class Lowered:
@@ -467,6 +538,7 @@ def jit(
     static_argnums: int | Sequence[int] | None = None,
     static_argnames: str | Sequence[str] | None = None,
     donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
     slice: VirtualSlice | None = None,
     name: str | None = None,
 ) -> Any:
@@ -487,6 +559,7 @@ def jit(
         static_argnums=static_argnums,
         static_argnames=static_argnames,
         donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames,
         slice=slice,
         name=name,
     )

@@ -71,7 +71,7 @@ class ProgramCalls:
                 break
             if leaf._deleted:
                 leaf._check_usable()
-        donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donate_argnums else ()
+        donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donates else ()
         if donate:
             _check_donation(f.name, arrays, donate)
         key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
@@ -294,6 +294,13 @@ class ProgramCalls:
     def _op(self, key: str, fn: Any, *args: Any) -> Any:
         """A small program on the first RemoteArray's slice (arithmetic, indexing)."""
         x = next(a for a in args if isinstance(a, RemoteArray))
+        if any(isinstance(a, jax.core.Tracer) for a in args):
+            raise TypeError(
+                f"{x!r} is used inside a traced function (pw.jit, jax.jit, jax.grad, ...) "
+                "that does not take it as an argument. A RemoteArray's value lives on its "
+                "slice, so the function must receive it: pass it as an argument, or fetch it "
+                "first (np.asarray(x)) to use its value as a constant"
+            )
         # Python scalars become constants of the program (one program per value), so
         # `x * 0.5` in a loop sends no array; arrays travel as arguments.
         consts = tuple(
