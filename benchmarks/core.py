@@ -14,7 +14,10 @@ Two measurements, each side by side in one run:
   a run of its own, where a cycle of 16 chained calls goes (``chained.cycle_ms``: from
   the cycle's first call until the client has submitted them, the controller has the
   first launch, the host starts it, the host has seen the last finish and the client
-  has the result; from the client's clock and the event log).
+  has the result; from the client's clock and the event log). Last, the chained ratio
+  again from alternating turns of 8 cycles each (``chained.ratio_paired_turns``: median
+  and quartiles over pairs): the runs above put seconds between the two sides, on a
+  machine whose speed drifts meanwhile.
 """
 
 from __future__ import annotations
@@ -173,6 +176,45 @@ def cycle_legs(client: pw.Client, fn: Any, x0: Any, cycles: int) -> dict[str, fl
     return {k: 1e3 * statistics.median(col) for k, col in zip(names, columns, strict=True)}
 
 
+def paired(client: pw.Client, pairs: int) -> dict[str, float]:
+    """Plain JAX and pathways_nb in alternating turns of 8 cycles of WAIT_EVERY chained
+    calls (the order swapped each pair, as in ``benchmarks.ab``): the median over pairs
+    of pathways_nb's calls per second over plain JAX's, with its quartiles. Turns a few
+    milliseconds apart see the same machine, where whole runs a second apart do not."""
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    sh = NamedSharding(mesh, P("d"))
+    fj = jax.jit(allreduce_add, out_shardings=sh)
+    fp = pw.jit(allreduce_add, out_shardings=P("d"))
+    vs = client.default_slice
+    assert vs is not None
+    state = {
+        "plain_jax": (fj, jax.device_put(np.ones(SIZE, np.float32), sh)),
+        "pathways": (fp, vs.put(np.ones(SIZE, np.float32), P("d"))),
+    }
+
+    def turn(side: str) -> float:
+        f, x = state[side]
+        seconds = []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            for _ in range(WAIT_EVERY):
+                x = f(x)
+            x.block_until_ready()
+            seconds.append(time.perf_counter() - t0)
+        state[side] = (f, x)
+        return statistics.median(seconds)
+
+    for side in state:
+        turn(side)  # compiled, warm
+    ratios = []
+    for i in range(pairs):
+        order = ("plain_jax", "pathways") if i % 2 == 0 else ("pathways", "plain_jax")
+        took = {side: turn(side) for side in order}
+        ratios.append(took["plain_jax"] / took["pathways"])
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return {"median": median, "q1": q1, "q3": q3, "pairs": pairs}
+
+
 def lean(path: LeanPath, calls: int) -> tuple[float, dict[str, float], dict[str, dict[str, float]]]:
     """Calls per second through the lean reference path, and per call the CPU and core
     time of each of its processes (as :func:`cpu_per_call`)."""
@@ -221,6 +263,7 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
         assert vs is not None
         x0 = vs.put(np.ones(SIZE, np.float32), P("d"))
         legs = cycle_legs(client, allreduce_add, x0, max(4, calls // WAIT_EVERY // 2))
+        turns = paired(client, max(8, calls // WAIT_EVERY // 4))
     path.close()
     chained: dict[str, Any] = {
         "plain_jax_calls_per_s": summary(jax_chain),
@@ -230,6 +273,9 @@ def run(calls: int, repeats: int, roundtrips: int) -> dict[str, Any]:
     jax_median = chained["plain_jax_calls_per_s"]["median"]
     chained["ratio"] = chained["pathways_calls_per_s"]["median"] / jax_median
     chained["lean_path_ratio"] = chained["lean_path_calls_per_s"]["median"] / jax_median
+    # The same ratio from alternating turns (see paired): beside the runs above, whose
+    # two sides run seconds apart on a machine whose speed drifts meanwhile.
+    chained["ratio_paired_turns"] = turns
     chained["target_ratio"] = 0.7
     # Where the time goes: CPU microseconds per chained call in each process (median).
     chained["cpu_us_per_call"] = {
