@@ -242,44 +242,40 @@ class DataflowGraph:
     def _repr_html_(self) -> str:
         """In a notebook: the summary, then the programs by slice and the edges between
         them as tables (``pw.viz.graph(step, ...)`` draws the graph itself)."""
+        import pandas as pd
+
         names = {n.id: n.name for n in self._nodes}
-        timed = bool(self._times)
-        node_rows = []
-        for n in sorted(self._nodes, key=lambda n: (n.slice, n.id)):
-            row = [n.name, n.kind, n.slice, n.island]
-            if timed:
-                t = self._times.get(n.lid)
-                row.append(f"{1e3 * (t[1] - t[0]):.2f}" if t is not None else "")
-            node_rows.append(row)
-        edge_rows = [
-            [
-                names.get(e.src, e.src),
-                names.get(e.dst, e.dst),
-                e.kind,
-                f"{e.dtype}{list(e.shape)}",
-                e.spec,
-                f"{e.from_slice} → {e.to_slice}" if e.kind == "transfer" else e.from_slice,
-                _human(e.bytes),
+        programs = pd.DataFrame(
+            [(n.name, n.kind, n.slice, n.island) for n in self._nodes],
+            columns=["program", "kind", "slice", "island"],
+            index=[n.id for n in self._nodes],
+        )
+        if self._times:
+            programs["ms"] = [
+                f"{1e3 * (t[1] - t[0]):.2f}" if (t := self._times.get(n.lid)) else ""
+                for n in self._nodes
             ]
-            for e in self._edges
-        ]
-        node_cols = ["program", "kind", "slice", "island", *(["ms"] if timed else [])]
-        edge_cols = ["from", "to", "kind", "array", "spec", "slices", "bytes"]
+        programs = programs.sort_values(["slice"], kind="stable")
+        edges = pd.DataFrame(
+            [
+                (
+                    names.get(e.src, e.src),
+                    names.get(e.dst, e.dst),
+                    e.kind,
+                    f"{e.dtype}{list(e.shape)}",
+                    e.spec,
+                    f"{e.from_slice} → {e.to_slice}" if e.kind == "transfer" else e.from_slice,
+                    _human(e.bytes),
+                )
+                for e in self._edges
+            ],
+            columns=["from", "to", "kind", "array", "spec", "slices", "bytes"],
+        )
         return (
             f"<p><b>{html.escape(self._summary())}</b></p>"
-            f"<h4>programs</h4>{_html_table(node_cols, node_rows)}"
-            f"<h4>edges</h4>{_html_table(edge_cols, edge_rows)}"
+            f"<h4>programs</h4>{programs.to_html(index=False, border=0)}"
+            f"<h4>edges</h4>{edges.to_html(index=False, border=0)}"
         )
-
-
-def _html_table(columns: list[str], rows: list[list[Any]]) -> str:
-    if not rows:
-        return "<p>none</p>"
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows
-    )
-    return f'<table class="dataframe"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _label(lines: list[str]) -> str:

@@ -454,40 +454,44 @@ def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:
     return out
 
 
-class Traced:
+class _Stage:
+    """One of JAX's ahead-of-time stages of a pw.jit function, for the slice's abstract
+    mesh: JAX's own object answers every attribute this one does not define."""
+
+    _stage = ""
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self._name = name
+        self._inner = inner
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)
+
+    def __repr__(self) -> str:
+        return f"<pw.jit {self._name} {self._stage}: {self._inner!r}>"
+
+
+class Traced(_Stage):
     """What ``jax.jit(...).trace`` gives (``jaxpr``, ``out_info``, ...), traced for the
     slice's abstract mesh; :meth:`lower` lowers it for the slice's platform."""
 
+    _stage = "traced"
+
     def __init__(self, name: str, traced: Any, platform: str) -> None:
-        self._name = name
-        self._traced = traced
+        super().__init__(name, traced)
         self._platform = platform
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._traced, attr)
-
-    def __repr__(self) -> str:
-        return f"<pw.jit {self._name} traced: {self._traced!r}>"
-
     def lower(self) -> Lowered:
-        return Lowered(self._name, self._traced.lower(lowering_platforms=(self._platform,)))
+        return Lowered(self._name, self._inner.lower(lowering_platforms=(self._platform,)))
 
 
-class Lowered:
+class Lowered(_Stage):
     """What ``jax.jit(...).lower`` gives (``as_text()``, ``compiler_ir()``,
     ``cost_analysis()``, ...), lowered for the slice's abstract mesh. It is compiled
     on the slice's host, once per device assignment, at the first call: the client
     has no devices to compile for."""
 
-    def __init__(self, name: str, lowered: Any) -> None:
-        self._name = name
-        self._lowered = lowered
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._lowered, attr)
-
-    def __repr__(self) -> str:
-        return f"<pw.jit {self._name} lowered: {self._lowered!r}>"
+    _stage = "lowered"
 
     def compile(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
