@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any, ClassVar, NamedTuple
 
@@ -14,6 +15,7 @@ SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices",
 TENANT_COLUMNS = ("tenant", "name", "weight", "launches", "pending", "device_seconds")
 
 
+@dataclasses.dataclass(frozen=True)
 class Status:
     """``client.status()``: a snapshot of islands, devices, slices, tenants and the newest
     events.
@@ -36,20 +38,13 @@ class Status:
         "events": FIELDS,
     }
 
-    def __init__(
-        self,
-        rows: dict[str, list[list[Any]]],
-        queued: dict[str, int],
-        inflight: dict[str, int],
-        events_total: int,
-        window: int,
-    ) -> None:
-        self.rows = rows
-        self.queued = queued
-        self.inflight = inflight
-        self.events_total = events_total
-        self.window = window
-        self._frames: dict[str, Any] = {}
+    rows: dict[str, list[list[Any]]]
+    queued: dict[str, int]
+    inflight: dict[str, int]
+    events_total: int
+    window: int
+    # DataFrames built so far, by table (the snapshot itself never changes).
+    _frames: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def from_reply(s: dict[str, Any]) -> Status:
