@@ -248,7 +248,6 @@ class DataflowGraph:
         programs = pd.DataFrame(
             [(n.name, n.kind, n.slice, n.island) for n in self._nodes],
             columns=["program", "kind", "slice", "island"],
-            index=[n.id for n in self._nodes],
         )
         if self._times:
             programs["ms"] = [

@@ -214,16 +214,10 @@ class StatusWidget(_Live):
         t = s.rows
         events = [[_clock(e[0]), *e[1:]] for e in t["events"]]
         parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
-        for title, name in (
-            ("islands", "islands"),
-            ("devices", "devices"),
-            ("slices", "slices"),
-            ("tenants", "tenants"),
-            ("latest events", "events"),
-        ):
+        for name, columns in Status.COLUMNS.items():
             rows = events if name == "events" else t[name]
-            parts.append(f"<h4>{title}</h4>")
-            parts.append(_html_table(Status.COLUMNS[name], rows) if rows else "<p>none</p>")
+            parts.append(f"<h4>{'latest events' if name == 'events' else name}</h4>")
+            parts.append(_html_table(columns, rows) if rows else "<p>none</p>")
         self.html = "".join(parts)
         self.updated = time.time()
 
