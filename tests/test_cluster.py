@@ -204,6 +204,69 @@ def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path
     assert cache.is_dir() and any(cache.iterdir())
 
 
+_DOOMED_CLIENT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import pathways_nb as pw
+    from jax.sharding import PartitionSpec as P
+
+    client = pw.Client(sys.argv[1], name="doomed")
+    vs = client.allocate({"x": 4}, name="doomed-slice")
+    x = vs.put(np.ones((64, 64), np.float32), P("x"))
+    f = pw.jit(lambda v: (v @ v.T) * 1e-3)
+    x = f(x)
+    x.block_until_ready()
+    print("running", flush=True)
+    while True:
+        for _ in range(16):
+            x = f(x)
+        x.block_until_ready()
+    """
+)
+
+
+def test_a_killed_client_process_frees_its_slices_at_once(local: pw.LocalCluster) -> None:
+    """A client whose process dies (SIGKILL: no goodbye) loses its slices as soon as its
+    connection closes, not when its lease lapses (30 s); another tenant's work goes on
+    and can take the freed devices."""
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", _DOOMED_CLIENT, local.scheduler_address],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert doomed.stdout is not None and doomed.stdout.readline().strip() == "running"
+        with pw.Client(local, name="survivor") as client:
+            vs = client.allocate({"x": 4})
+            y = vs.put(np.arange(4, dtype=np.float32), P("x"))
+            inc = pw.jit(lambda v: v + 1)
+            st = client.status()
+            assert "doomed" in set(st.tenants.name)
+            island = st.slices.set_index("name").loc["doomed-slice", "island"]
+            with pytest.raises(pw.BusyError):
+                client.allocate({"x": 4})  # both islands are held
+            doomed.kill()
+            doomed.wait(10)
+            for _ in range(20):
+                y = inc(y)
+            deadline = time.monotonic() + 10.0  # well inside the 30 s lease
+            while "doomed" in set(client.status().tenants.name):
+                assert time.monotonic() < deadline, "the dead client still holds its slices"
+                time.sleep(0.05)
+            taken = client.allocate({"x": 4})
+            assert taken.island == island
+            np.testing.assert_array_equal(np.asarray(y), np.arange(4) + 20.0)
+            np.testing.assert_array_equal((taken.put(np.ones(4), P("x")) * 3).fetch(), 3.0)
+            events = client.events(all_tenants=True)
+            leave = events[events.kind == "tenant_leave"]
+            assert "its connection closed" in set(leave.detail)
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait(10)
+
+
 def test_start_twice_close_twice_leaves_no_processes() -> None:
     before = set(_cluster_pids(os.getpid()))
     first = pw.LocalCluster(islands=1, devices_per_island=1, dashboard=False)

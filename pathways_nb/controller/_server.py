@@ -43,6 +43,7 @@ from pathways_nb.wire import (
     bind_router,
     check,
     decode,
+    departed,
     encode,
     encode_batch,
     pack,
@@ -212,6 +213,7 @@ class Controller(ClientRequests, HostMessages):
                 self._drain(self._hosts, self._on_host_frames)
             if self._clients in ready:
                 self._drain(self._clients, self._on_client_frames)
+                self._clients_departed()
             if self._outbox.socket in ready:
                 for kind, payload in self._outbox.drain():
                     self._on_internal(kind, payload)
@@ -221,6 +223,16 @@ class Controller(ClientRequests, HostMessages):
             if time.monotonic() >= next_tick:
                 self._tick()
                 next_tick = time.monotonic() + 0.5
+
+    def _clients_departed(self) -> None:
+        """A client whose connection closed is gone (its process ended, or it closed its
+        socket without saying goodbye): its slices are freed at once, not when its lease
+        lapses. Clients over ZeroMQ (in-process) keep the lease alone."""
+        for identity in departed(self._clients):
+            t = self.tenants.by_identity.get(identity)
+            if t is not None:
+                log.warning("tenant %s (%s) disconnected; freeing its slices", t.tenant, t.name)
+                self._drop_tenant(t, "its connection closed")
 
     def _drain(self, sock: AnySocket, handler: Any) -> None:
         for frames in receive(sock):

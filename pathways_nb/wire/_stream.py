@@ -433,6 +433,8 @@ class StreamRouter(_Endpoint):
         self._ep.register(self._listener.fileno(), select.EPOLLIN)
         self._by_ident: dict[bytes, _Conn] = {}
         self._next = itertools.count(1)
+        # Identities of peers whose connections closed, until the owner asks (departed).
+        self._departed: list[bytes] = []
 
     def _accept(self) -> bool:
         took = False
@@ -450,6 +452,14 @@ class StreamRouter(_Endpoint):
 
     def _gone(self, conn: _Conn) -> None:
         self._by_ident.pop(conn.ident, None)
+        self._departed.append(conn.ident)
+
+    def departed(self) -> list[bytes]:
+        """The identities of peers whose connections closed since the last call: a
+        process that ended, or one that closed its socket. (A ZeroMQ ROUTER cannot tell.)"""
+        with self._lock:
+            out, self._departed = self._departed, []
+        return out
 
     def _framed(self, conn: _Conn, frames: list[memoryview]) -> list[Any]:
         return [memoryview(conn.ident), *frames]

@@ -250,6 +250,12 @@ def receive(sock: AnySocket, limit: int = 1000) -> Iterator[list[Any]]:
         yield sock.recv_multipart(copy=False)
 
 
+def departed(sock: AnySocket) -> list[bytes]:
+    """The peers of a router whose connections closed since the last call (the owner's
+    thread). A stream router sees each one; a ZeroMQ ROUTER (in-process) sees none."""
+    return sock.departed() if isinstance(sock, StreamRouter) else []
+
+
 class Outbox:
     """Lets any thread hand work to the thread that owns a loop.
 

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from pathways_nb._core import BrokenError
-from pathways_nb.wire import Outbox, Poller, connect_dealer, peer_id, receive
+from pathways_nb.wire import Outbox, Poller, connect_dealer, departed, peer_id, receive
 from pathways_nb.wire._stream import StreamDealer, StreamRouter, dial, format_tcp, parse_tcp
 
 
@@ -236,6 +236,35 @@ def test_a_departed_peer_is_unreachable_and_oversized_messages_drop_the_sender(
         time.sleep(0.01)
     sender.join(10)
     d.close()
+
+
+def test_a_router_names_each_peer_that_left_once(router: StreamRouter) -> None:
+    stays, leaves = StreamDealer(router.address), StreamDealer(router.address)
+    stays.send_multipart([b"stays"])
+    leaves.send_multipart([b"leaves"])
+    idents = {m[1]: m[0] for m in gather(router, 2)}
+    assert departed(router) == []
+    leaves.close()
+    poller = Poller()
+    poller.register(router, zmq.POLLIN)
+    gone: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while not gone:
+        assert time.monotonic() < deadline, "the closed connection was never noticed"
+        poller.poll(100)
+        assert list(receive(router)) == []
+        gone = departed(router)
+    assert gone == [idents[b"leaves"]]
+    assert departed(router) == []  # reported once
+    router.send_multipart([idents[b"stays"], b"still here"])
+    assert gather(stays, 1) == [[b"still here"]]
+    stays.close()
+    # A ZeroMQ ROUTER cannot tell who left: it reports no one.
+    ctx = zmq.Context()
+    zr = ctx.socket(zmq.ROUTER)
+    assert departed(zr) == []
+    zr.close(0)
+    ctx.term()
 
 
 def test_a_dealer_may_be_sent_on_from_other_threads_in_order(router: StreamRouter) -> None:
