@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -265,6 +266,43 @@ def test_a_killed_client_process_frees_its_slices_at_once(local: pw.LocalCluster
         if doomed.poll() is None:
             doomed.kill()
             doomed.wait(10)
+
+
+def test_a_dead_controller_is_a_clear_error_not_a_hang() -> None:
+    """The scheduler process (and so the controller) killed under a client: a wait in
+    progress and every later call raise BrokenError saying the controller went away;
+    closing the client and the cluster still works."""
+    with pw.LocalCluster(islands=1, devices_per_island=2, dashboard=False) as c:
+        client = pw.Client(c)
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.ones(4, np.float32), P("x"))
+        f = pw.jit(lambda v: v + 1)
+        np.testing.assert_array_equal(f(x).fetch(), 2.0)
+        # Its host holds this launch for 5 s: waiting for it outlasts the controller.
+        client.inject_fault(vs, match="slow", kind="delay:5")
+        slow = pw.jit(lambda v: v * 2, name="slow")(x)
+        waited: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                slow.block_until_ready()
+            except BaseException as exc:  # what the wait ended with
+                waited.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        t0 = time.monotonic()
+        os.kill(c.scheduler_pid, signal.SIGKILL)
+        waiter.join(30)
+        assert not waiter.is_alive(), "the wait did not end when the controller died"
+        assert len(waited) == 1 and isinstance(waited[0], pw.BrokenError), waited
+        assert "controller" in str(waited[0]) and "went away" in str(waited[0])
+        assert time.monotonic() - t0 < 5.0  # not the delayed launch finishing
+        calls = (lambda: f(x), x.fetch, client.status, lambda: client.allocate({"x": 1}))
+        for call in calls:
+            with pytest.raises(pw.BrokenError, match=r"controller at .* went away"):
+                call()
+        client.close()
 
 
 def test_start_twice_close_twice_leaves_no_processes() -> None:

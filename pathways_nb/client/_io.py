@@ -32,6 +32,7 @@ from pathways_nb.wire import (
     encode,
     encode_batch,
     pack,
+    peer_gone,
     receive,
     sends_from_any_thread,
 )
@@ -55,6 +56,7 @@ class IOThread:
         heartbeat: float,
     ) -> None:
         self._ctx = ctx
+        self._address = controller_address
         self._ctl = connect_dealer(ctx, controller_address, peer="the controller")
         self._outbox = Outbox()
         # Held while messages to the controller leave, by the IO thread (a whole drain)
@@ -175,6 +177,14 @@ class IOThread:
             self._drain_outbox()
             if self._ctl in ready:
                 self._drain(self._ctl, None)
+                if self.broken is None and peer_gone(self._ctl):
+                    self.broken = (
+                        f"the controller at {self._address} went away: its connection "
+                        "closed (did the cluster's scheduler process end?). This client's "
+                        "slices and arrays went with it; connect a new pw.Client to a "
+                        "running cluster"
+                    )
+                    self._fail_all(BrokenError(self.broken))
             for sock, host in list(self._host_of_socket.items()):
                 if sock in ready:
                     self._drain(sock, host)

@@ -213,6 +213,13 @@ def send_buffer(sock: AnySocket) -> int:
     return sock.send_buffer() if isinstance(sock, StreamDealer) else 0
 
 
+def peer_gone(sock: AnySocket) -> bool:
+    """Whether a dealer's one peer is known to have left: a stream dealer whose
+    connection closed (the peer's process ended). False where that cannot be known
+    (ZeroMQ sockets, whose owners learn it from timeouts)."""
+    return isinstance(sock, StreamDealer) and not sock.connected
+
+
 def sends_from_any_thread(sock: AnySocket) -> bool:
     """Whether threads other than the owner may send on ``sock`` (a stream endpoint may;
     a ZeroMQ socket may not, and is reached through an :class:`Outbox`)."""
