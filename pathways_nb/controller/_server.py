@@ -203,6 +203,7 @@ class Controller(ClientRequests, HostMessages):
         poller.register(self._clients, zmq.POLLIN)
         poller.register(self._hosts, zmq.POLLIN)
         poller.register(self._outbox.socket, zmq.POLLIN)
+        departed(self._clients)  # from now on the router counts the clients that leave
         self._started.set()
         next_tick = time.monotonic() + 0.5
         while not self._stopping.is_set():

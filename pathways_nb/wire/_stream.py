@@ -433,8 +433,9 @@ class StreamRouter(_Endpoint):
         self._ep.register(self._listener.fileno(), select.EPOLLIN)
         self._by_ident: dict[bytes, _Conn] = {}
         self._next = itertools.count(1)
-        # Identities of peers whose connections closed, until the owner asks (departed).
-        self._departed: list[bytes] = []
+        # Identities of peers whose connections closed, until the owner asks (departed);
+        # None until it first asks, so a router nobody asks keeps no list.
+        self._departed: list[bytes] | None = None
 
     def _accept(self) -> bool:
         took = False
@@ -452,13 +453,15 @@ class StreamRouter(_Endpoint):
 
     def _gone(self, conn: _Conn) -> None:
         self._by_ident.pop(conn.ident, None)
-        self._departed.append(conn.ident)
+        if self._departed is not None:
+            self._departed.append(conn.ident)
 
     def departed(self) -> list[bytes]:
         """The identities of peers whose connections closed since the last call: a
-        process that ended, or one that closed its socket. (A ZeroMQ ROUTER cannot tell.)"""
+        process that ended, or one that closed its socket. The first call starts the
+        count (and returns nothing). A ZeroMQ ROUTER cannot tell."""
         with self._lock:
-            out, self._departed = self._departed, []
+            out, self._departed = self._departed or [], []
         return out
 
     def _framed(self, conn: _Conn, frames: list[memoryview]) -> list[Any]:
@@ -480,8 +483,9 @@ class StreamRouter(_Endpoint):
 
 class StreamDealer(_Endpoint):
     """One connection to a :class:`StreamRouter`. Once the router is gone, receives
-    yield nothing and sends are dropped, as with a ZeroMQ DEALER whose peer left (the
-    owners learn of a lost peer from timeouts and heartbeats, not from the socket).
+    yield nothing and sends are dropped, as with a ZeroMQ DEALER whose peer left;
+    :attr:`connected` then reads False (a ZeroMQ DEALER's owner learns it only from
+    timeouts and heartbeats).
 
     ``blocking=True`` is for a thread that owns the dealer but runs no loop around it
     (a waiting caller, a transfer sender): a send returns once the kernel holds all of
