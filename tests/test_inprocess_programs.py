@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import copy
 import io
 import operator
@@ -289,6 +290,29 @@ def test_host_callbacks_fail_at_trace_time(client: pw.Client) -> None:
 
     with pytest.raises(pw.TraceError, match=r"host callback .*\(JAX: .*devices"):
         called_back(vs.put(np.ones(2, np.float32)))
+
+
+def test_an_interrupt_during_a_trace_waits_for_the_trace_to_end(client: pw.Client) -> None:
+    """Ctrl-C while JAX traces and lowers a program is raised once the trace is done: an
+    interrupt inside JAX's first lowering would leave its MLIR context broken for every
+    later trace in the process."""
+    vs = client.allocate({"x": 2})
+    x = vs.put(np.arange(2, dtype=np.float32))
+    traced: list[str] = []
+
+    def interrupted(v: jax.Array) -> jax.Array:
+        _thread.interrupt_main()  # what "interrupt kernel" does, mid-trace
+        traced.append("the rest of the trace ran")
+        return v * 2
+
+    with pytest.raises(KeyboardInterrupt):
+        pw.jit(interrupted)(x)
+    assert traced == ["the rest of the trace ran"]
+    np.testing.assert_array_equal(np.asarray(pw.jit(lambda v: v + 1)(x)), [1.0, 2.0])
+    # Outside a trace an interrupt is raised at once, as ever.
+    with pytest.raises(KeyboardInterrupt):
+        _thread.interrupt_main()
+        threading.Event().wait(1.0)
 
 
 def test_a_remote_array_captured_by_a_traced_function_is_a_clear_error(

@@ -15,6 +15,7 @@ from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError, encode_spec
+from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 
@@ -482,7 +483,9 @@ class Traced(_Stage):
         self._platform = platform
 
     def lower(self) -> Lowered:
-        return Lowered(self._name, self._inner.lower(lowering_platforms=(self._platform,)))
+        with interrupts_held():
+            lowered = self._inner.lower(lowering_platforms=(self._platform,))
+        return Lowered(self._name, lowered)
 
 
 class Lowered(_Stage):

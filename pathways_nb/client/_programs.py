@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import decode_spec, donated_twice, encode_spec
 from pathways_nb.client import _graph
+from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
 from pathways_nb.client._remote import (
@@ -81,7 +82,8 @@ class ProgramCalls:
                 jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding, weak_type=a.weak_type)
                 for a in arrays
             ]
-            prog = f._trace(vs, treedef, avals, static, donate)
+            with interrupts_held():
+                prog = f._trace(vs, treedef, avals, static, donate)
             if rec is not None and rec.tracing:
                 return self._trace_only(f, prog, vs, arrays, rec)  # not sent, not cached
             self._register(prog, vs)
