@@ -45,11 +45,14 @@ def check_fits(
     program: str | None = None,
     slice: str | None = None,
     host: str | None = None,
+    to: str | None = None,
 ) -> None:
     """Raise ResourceExhaustedError if ``need`` more bytes would not fit in this
     machine's memory; ``doing`` says what needs them, ``instead`` what to do; the error
-    names ``program``, ``slice`` and ``host`` where given."""
-    if need < CHECK_FROM:
+    names ``program``, ``slice`` and ``host`` where given. ``to``: the address of the
+    host the bytes go to, when they leave this process; a host on another machine is
+    not this machine's to check."""
+    if need < CHECK_FROM or (to is not None and not on_this_machine(to)):
         return
     memory = machine_memory()
     if need <= memory.spare:

@@ -127,8 +127,7 @@ class RemoteArray:
         if not _is_numpy_dtype(self.dtype):
             return 0
         shard = math.prod(self.sharding.shard_shape(self.shape))
-        devices = math.prod(dict(self.sharding.mesh.shape).values())
-        return shard * devices * np.dtype(self.dtype).itemsize
+        return shard * self.slice.size * np.dtype(self.dtype).itemsize
 
     def __round__(self, ndigits: int | None = None) -> RemoteArray:
         """``round(x)``: an array of x's dtype, as for a ``jax.Array``."""

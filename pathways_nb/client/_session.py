@@ -16,7 +16,6 @@ import zmq
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import (
-    CHECK_FROM,
     BrokenError,
     BusyError,
     ClosedError,
@@ -32,7 +31,6 @@ from pathways_nb._core import (
     encode_mesh,
     encode_spec,
     local_versions,
-    on_this_machine,
     validate_mesh_shape,
 )
 from pathways_nb.client._direct import DirectChannels, RequestFailed
@@ -334,14 +332,14 @@ class Client(ProgramCalls):
 
     @staticmethod
     def _check_put_fits(vs: VirtualSlice, nbytes: int) -> None:
-        if nbytes >= CHECK_FROM and on_this_machine(vs.data_address):
-            check_fits(
-                nbytes,
-                f"putting a {nbytes / 2**30:.2f} GiB array on slice {vs.name!r}, whose host "
-                "runs on this machine and keeps its own copy,",
-                "Put it in parts (a batch at a time) and join them on the slice in a program "
-                "(jnp.concatenate), or free memory on this machine first",
-            )
+        check_fits(
+            nbytes,
+            f"putting a {nbytes / 2**30:.2f} GiB array on slice {vs.name!r}, whose host "
+            "runs on this machine and keeps its own copy,",
+            "Put it in parts (a batch at a time) and join them on the slice in a program "
+            "(jnp.concatenate), or free memory on this machine first",
+            to=vs.data_address,
+        )
 
     def _put_done(self, fut: Any, handle: int) -> None:
         exc = fut.exception()

@@ -23,7 +23,6 @@ import numpy as np
 import zmq
 
 from pathways_nb._core import (
-    CHECK_FROM,
     BrokenError,
     ClosedError,
     RemoteError,
@@ -34,7 +33,6 @@ from pathways_nb._core import (
     encode_dtype,
     entry_axes,
     local_versions,
-    on_this_machine,
 )
 from pathways_nb.wire import (
     DealerSocket,
@@ -402,18 +400,18 @@ class Sender:
             raise entry.error
         value = entry.value
         address = body["address"]
-        if entry.nbytes >= CHECK_FROM and on_this_machine(address):
-            program, sname = entry.origin
-            check_fits(
-                entry.nbytes,
-                f"moving a {entry.nbytes / 2**30:.2f} GiB array to host {address}, which "
-                "runs on this machine and keeps its own copy,",
-                "Move it in parts, reduce it on its slice first, or free arrays you no "
-                "longer need (`del x` or `x.delete()`)",
-                program=program or None,
-                slice=sname or None,
-                host=self.host,
-            )
+        program, sname = entry.origin
+        check_fits(
+            entry.nbytes,
+            f"moving a {entry.nbytes / 2**30:.2f} GiB array to host {address}, which "
+            "runs on this machine and keeps its own copy,",
+            "Move it in parts, reduce it on its slice first, or free arrays you no "
+            "longer need (`del x` or `x.delete()`)",
+            program=program or None,
+            slice=sname or None,
+            host=self.host,
+            to=address,
+        )
         jax.block_until_ready(value)
         key_impl = ""
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):

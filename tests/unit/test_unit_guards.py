@@ -71,3 +71,7 @@ def test_moves_this_machine_cannot_take_are_refused_and_small_ones_never_read_it
     check_fits(CHECK_FROM - 1, "a small move", "")  # below the size that is checked
     assert on_this_machine("ipc://@pathways-1-2") and on_this_machine("tcp://127.0.0.1:9")
     assert not on_this_machine("tcp://10.0.0.7:8786")
+    # A move to a host: checked where that host is on this machine, not elsewhere.
+    with pytest.raises(ResourceExhaustedError, match="moving it"):
+        check_fits(2 * total, "moving it", "", to="ipc://@pathways-1-2")
+    check_fits(2 * total, "moving it", "", to="tcp://10.0.0.7:8786")
