@@ -290,7 +290,7 @@ class RemoteFunction:
         """Flat indices (among dynamic leaves) of the donated arguments: those
         ``donate_argnums`` names, passed by position or, through the function's
         signature, by keyword (as jax.jit maps them)."""
-        if not self.donate_argnums and not self.donate_argnames:
+        if not self.donates:
             return set()
         names = list(self._signature.parameters) if self._signature is not None else []
         by_name = set(self.donate_argnames)
