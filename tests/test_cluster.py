@@ -477,3 +477,77 @@ def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
     finally:
         magics.pathways("stop")
     assert magics.session.client is None and _gone(pids, 30)
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the command exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathways_nb.deploy._cli import main
+
+    info_file = tmp_path / "cluster.json"
+    cmd = [sys.executable, "-m", "pathways_nb.deploy._cli", "cluster", "--islands", "2"]
+    cmd += ["--devices", "2", "--no-dashboard", "--scheduler-file", str(info_file)]
+    served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        info = _wait_for_file(info_file, served, 120)
+        assert info["pid"] == served.pid and info["islands"] == 2
+        pids = _cluster_pids(served.pid)
+        assert len(pids) >= 5  # scheduler, and a nanny and a worker per island
+        # Two kernels' clients are two tenants of the one cluster.
+        a = pw.Client(info["address"], name="kernel-a")
+        b = pw.Client(info["address"], name="kernel-b")
+        va, vb = a.allocate({"x": 2}), b.allocate({"x": 2})
+        assert va.island != vb.island
+        x = np.arange(8, dtype=np.float32)
+        assert np.asarray(pw.jit(jnp.cumsum)(va.put(x, P("x")))).tolist() == np.cumsum(x).tolist()
+        b.close()
+        assert main(["status", "--scheduler-file", str(info_file), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        # The status command looks as a tenant of its own and leaves itself out.
+        assert [t["name"] for t in report["tenants"]] == ["kernel-a"]
+        assert [s["mesh"] for s in report["slices"] if s["state"] == "active"] == [{"x": 2}]
+        assert main(["status", info["address"]]) == 0
+        text = capsys.readouterr().out
+        assert "2 islands, 4 devices (2 in slices), 1 slices, 1 tenants" in text
+        assert "kernel-a" in text and "pathways-nb status" not in text
+        served.send_signal(signal.SIGINT)
+        assert served.wait(60) == 0
+        assert _gone(pids, 30), f"still running: {pids}"
+        assert not info_file.exists()
+        with pytest.raises(pw.BrokenError, match="went away"):
+            va.put(x).fetch()
+        a.close()
+    finally:
+        if served.poll() is None:
+            served.kill()
+            served.wait()
+    out = served.stdout.read().decode() if served.stdout else ""
+    assert f"connect    pw.Client('{info['address']}')" in out, out
+
+
+def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -> None:
+    sched_file = tmp_path / "scheduler.json"
+    cmd = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
+    cmd += ["--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)]
+    plain = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        address = _wait_for_file(sched_file, plain, 60)["address"]
+        # It was a TypeError from inside the client ("'NoneType' object is not iterable").
+        with pytest.raises(pw.BrokenError, match=r"runs no pathways controller.*--preload"):
+            pw.Client(address, timeout=10)
+    finally:
+        plain.terminate()
+        plain.wait(30)

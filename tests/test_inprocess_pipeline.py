@@ -176,6 +176,29 @@ def test_reduce_grads_errors_say_what_to_pass(slices: list[pw.VirtualSlice]) -> 
         )
 
 
+def test_pipeline_arguments_of_the_wrong_kind_are_named(slices: list[pw.VirtualSlice]) -> None:
+    stages = [layer, layer, layer, head]
+    opt = optax.sgd(0.1)
+    with pytest.raises(TypeError, match=r"optax GradientTransformation.*got 'adam'"):
+        pw.pipeline(stages, slices, mse, "adam")
+    with pytest.raises(TypeError, match=r"stages\[1\] is \['dict'\]"):
+        pw.pipeline([layer, {"w": 1}, layer, head], slices, mse, opt)
+    with pytest.raises(TypeError, match=r"slices\[3\] is \['dict'\]"):
+        pw.pipeline(stages, [*slices[:3], {"data": 2}], mse, opt)
+    with pytest.raises(ValueError, match="one slice per stage: got 4 stages and 3 slices"):
+        pw.pipeline(stages, slices[:3], mse, opt)
+    with pytest.raises(TypeError, match="loss_fn is a function"):
+        pw.pipeline(stages, slices, None, opt)
+    with pytest.raises(TypeError, match=r"microbatches is a count, an int >= 1; got 2.5"):
+        pw.pipeline(stages, slices, mse, opt, microbatches=2.5)
+    step = pw.pipeline(stages, slices, mse, opt, microbatches=np.int64(8))
+    names = [vs.name for vs in slices]
+    assert repr(step) == (
+        f"Pipeline(stages=['layer', 'layer', 'layer', 'head'], slices={names}, "
+        "microbatches=8, schedule='1f1b', bubble_theoretical=0.273)"
+    )
+
+
 def test_batch_and_stage_mistakes_are_named_before_anything_runs(
     slices: list[pw.VirtualSlice],
 ) -> None:

@@ -34,9 +34,28 @@ def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
     t.join()
     if "error" in result:
         exc = result["error"]
+        if isinstance(exc, TimeoutError | OSError):
+            what = f"nothing answered at {address} within {timeout:.0f} s"
+            if not isinstance(exc, TimeoutError) and str(exc):
+                what = f"could not reach {address} ({exc})"
+            raise BrokenError(
+                f"{what}: is the cluster running, and is that its Dask scheduler's address? "
+                "Start one with `pathways-nb cluster`, pw.LocalCluster(...), or "
+                "`dask scheduler --preload pathways_nb.deploy.scheduler` beside "
+                "`dask worker --preload pathways_nb.deploy.worker`."
+            ) from None
         raise BrokenError(
             f"could not get the pathways controller from the Dask scheduler at {address}: "
             f"{type(exc).__name__}: {exc}. Start the scheduler with "
             "`dask scheduler --preload pathways_nb.deploy.scheduler`."
         ) from None
-    return dict(result["info"])
+    info = result.get("info")
+    if not isinstance(info, dict) or "address" not in info:
+        # Dask answers an operation it has no handler for with nothing at all.
+        raise BrokenError(
+            f"the Dask scheduler at {address} runs no pathways controller: it was started "
+            "without the preload. Start it with "
+            "`dask scheduler --preload pathways_nb.deploy.scheduler` (and its workers with "
+            "`dask worker --preload pathways_nb.deploy.worker`), or use `pathways-nb cluster`."
+        )
+    return dict(info)

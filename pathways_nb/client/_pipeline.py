@@ -181,10 +181,7 @@ class Pipeline:
         reduce_grads: str = "microbatch",
         extra_warmup: int = 0,
     ) -> None:
-        if len(stages) != len(slices):
-            raise ValueError(
-                f"one slice per stage: got {len(stages)} stages and {len(slices)} slices"
-            )
+        _check_arguments(stages, slices, loss_fn, optimizer, microbatches)
         self.stages = list(stages)
         self.slices = list(slices)
         self.microbatches = microbatches
@@ -235,6 +232,24 @@ class Pipeline:
         self._opt_init = [
             jit(optimizer.init, slice=vs, name=f"stage{s}.opt_init") for s, vs in enumerate(slices)
         ]
+
+    def __repr__(self) -> str:
+        names = [getattr(fn, "__name__", type(fn).__name__) for fn in self.stages]
+        extra = "".join(
+            f", {k}={v!r}"
+            for k, v, default in (
+                ("remat", self.remat, False),
+                ("reduce_grads", self.reduce_grads, "microbatch"),
+                ("extra_warmup", self.extra_warmup, 0),
+            )
+            if v != default
+        )
+        bubble = theoretical_bubble(len(self.stages), self.microbatches)
+        return (
+            f"Pipeline(stages={names}, slices={[vs.name for vs in self.slices]}, "
+            f"microbatches={self.microbatches}, schedule={self.schedule!r}{extra}, "
+            f"bubble_theoretical={bubble:.3f})"
+        )
 
     def init(self, params: Sequence[Any]) -> tuple[list[Any], list[Any]]:
         """Place each stage's parameters on its slice (replicated) and make the
@@ -390,6 +405,42 @@ class Pipeline:
             "scheduled": scheduled,
             "span_s": t1 - t0,
         }
+
+
+def _check_arguments(
+    stages: Sequence[Any], slices: Sequence[Any], loss_fn: Any, optimizer: Any, microbatches: Any
+) -> None:
+    """Refuse what cannot make a pipeline before anything is traced, saying what to pass."""
+    from pathways_nb.client._slice import VirtualSlice
+
+    bad = [i for i, fn in enumerate(stages) if not callable(fn)]
+    if bad:
+        raise TypeError(
+            f"stages are functions stage(params, x) -> activation; stages{bad} "
+            f"{'is' if len(bad) == 1 else 'are'} {[type(stages[i]).__name__ for i in bad]}"
+        )
+    bad = [i for i, vs in enumerate(slices) if not isinstance(vs, VirtualSlice)]
+    if bad:
+        raise TypeError(
+            "slices are VirtualSlices from client.allocate(...), one per stage; "
+            f"slices{bad} {'is' if len(bad) == 1 else 'are'} "
+            f"{[type(slices[i]).__name__ for i in bad]}"
+        )
+    if len(stages) != len(slices):
+        raise ValueError(f"one slice per stage: got {len(stages)} stages and {len(slices)} slices")
+    if not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn is a function loss_fn(output, y) -> scalar; got {type(loss_fn).__name__}"
+        )
+    if not (
+        callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
+    ):
+        raise TypeError(
+            "optimizer is an optax GradientTransformation (init and update), e.g. "
+            f"optax.adam(1e-3); got {optimizer!r}"
+        )
+    if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)):
+        raise TypeError(f"microbatches is a count, an int >= 1; got {microbatches!r}")
 
 
 def _row_axes(batch_spec: PartitionSpec, reduce_grads: str) -> Any:

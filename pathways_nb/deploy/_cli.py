@@ -6,13 +6,43 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathways-nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="start a local cluster and train a small model on a slice")
     demo.add_argument("--islands", type=int, default=2)
     demo.add_argument("--devices", type=int, default=4, help="devices per island")
     demo.add_argument("--steps", type=int, default=20)
+    cluster = sub.add_parser(
+        "cluster",
+        help="run a local cluster in the foreground for notebooks to share (Ctrl-C stops it)",
+        description="Start a Dask scheduler hosting the controller and one worker host per "
+        "island, print the address that pw.Client takes, and keep them up until SIGINT or "
+        "SIGTERM. Several kernels connecting to it are tenants of one cluster.",
+    )
+    cluster.add_argument("--islands", type=int, default=2)
+    cluster.add_argument("--devices", type=int, default=4, help="devices per island")
+    cluster.add_argument(
+        "--platform",
+        default="cpu",
+        help="'cpu' simulates the devices (default); 'auto' lets each host use the "
+        "accelerators it finds",
+    )
+    cluster.add_argument(
+        "--scheduler-file",
+        help="write the addresses here as JSON once every host is up (removed on exit)",
+    )
+    cluster.add_argument("--no-dashboard", action="store_true", help="no Dask dashboard")
+    status = sub.add_parser("status", help="print a running cluster's islands, slices and tenants")
+    status.add_argument("address", nargs="?", help="the Dask scheduler address, tcp://host:port")
+    status.add_argument("--scheduler-file", help="read the address from this file instead")
+    status.add_argument("--json", action="store_true", help="the tables as JSON")
+    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         from pathways_nb.deploy._demo import run_demo
@@ -22,6 +52,34 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             print("losses differ from plain JAX", file=sys.stderr)
         return 0 if ok else 1
+    if args.command == "cluster":
+        from pathways_nb.deploy._serve import serve
+
+        for label in ("islands", "devices"):
+            if getattr(args, label) < 1:
+                parser.error(f"--{label} must be a positive integer; got {getattr(args, label)}")
+        platform = None if args.platform == "auto" else args.platform
+        return serve(
+            args.islands,
+            args.devices,
+            platform=platform,
+            scheduler_file=args.scheduler_file,
+            dashboard=not args.no_dashboard,
+        )
+    if args.command == "status":
+        from pathways_nb._core import PathwaysError
+        from pathways_nb.deploy._serve import read_address, status_report
+
+        try:
+            address = read_address(args.address, args.scheduler_file)
+        except ValueError as exc:
+            parser.error(str(exc))
+        try:
+            print(status_report(address, as_json=args.json, timeout=args.timeout))
+        except (PathwaysError, OSError) as exc:
+            print(f"pathways-nb status: {exc}", file=sys.stderr)
+            return 1
+        return 0
     return 2
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from pathways_nb._core import BrokenError
+from pathways_nb._core import BrokenError, ClosedError
 from pathways_nb.deploy._watch import PARENT_ENV
 
 # Dask housekeeping retuned for processes that share their cores with accelerator hosts:
@@ -213,6 +213,13 @@ class LocalCluster:
                     f"after {timeout:.0f} s" + self._logs_hint()
                 )
             time.sleep(0.1)
+
+    def check_alive(self) -> None:
+        """Raise :class:`BrokenError` (with the processes' logs) if the Dask scheduler,
+        and with it the controller, has exited."""
+        if self._closed:
+            raise ClosedError("this LocalCluster was closed; start a new one")
+        self._check_alive("the cluster's Dask scheduler (the controller's process)")
 
     def _check_alive(self, what: str) -> None:
         for p in self._procs[:1]:

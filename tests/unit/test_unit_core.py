@@ -284,3 +284,16 @@ def test_local_cluster_retunes_dask_housekeeping_left_at_its_default() -> None:
         value = dask.config.get(key, None)
         assert value is not None, key
         assert parse_timedelta(value) == parse_timedelta(default), key
+
+
+def test_an_address_where_nothing_answers_is_a_clear_error() -> None:
+    import socket
+
+    from pathways_nb._core import BrokenError
+    from pathways_nb.client._discovery import ask_scheduler
+
+    with socket.socket() as s:  # a port that was free a moment ago, nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BrokenError, match=r"nothing answered at tcp://127.0.0.1:\d+ within 1 s"):
+        ask_scheduler(f"tcp://127.0.0.1:{port}", 1.0)

@@ -1,0 +1,151 @@
+"""``pathways-nb cluster`` and ``pathways-nb status``: a cluster that outlives any one
+kernel, so several notebooks (tenants) share it, and a look at one from a shell.
+
+``serve`` keeps a :class:`~pathways_nb.deploy.LocalCluster` up in the foreground until
+SIGINT or SIGTERM, or until its scheduler (the controller's process) exits; the cluster's
+processes watch this one, so even a SIGKILL of it leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
+
+from pathways_nb._core import BrokenError
+from pathways_nb.deploy._local import LocalCluster
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` instead of raising wherever the main thread is."""
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_info(path: str, info: dict[str, Any]) -> None:
+    """Write the cluster's addresses atomically: a reader never sees half a file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f, indent=2)
+    os.replace(tmp, path)
+
+
+def serve(
+    islands: int,
+    devices: int,
+    *,
+    platform: str | None = "cpu",
+    scheduler_file: str | None = None,
+    dashboard: bool = True,
+    out: IO[str] = sys.stdout,
+    poll: float = 0.5,
+) -> int:
+    """Run a local cluster until told to stop; returns the command's exit status.
+
+    ``scheduler_file``, when given, receives the addresses as JSON once every host is
+    up (``address``, ``controller``, ``dashboard``, ``pid``, ``islands``,
+    ``devices_per_island``) and is removed on exit: scripts wait for it, then connect
+    with ``pw.Client(json.load(f)["address"])``.
+    """
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        cluster = LocalCluster(islands, devices, platform=platform, dashboard=dashboard)
+        try:
+            info = {
+                "address": cluster.scheduler_address,
+                "controller": cluster.controller_address,
+                "dashboard": cluster.dashboard_link,
+                "pid": os.getpid(),
+                "islands": islands,
+                "devices_per_island": devices,
+            }
+            if scheduler_file:
+                _write_info(scheduler_file, info)
+            kind = platform or "local"
+            print(
+                f"pathways_nb cluster: {islands} islands x {devices} {kind} devices\n"
+                f"  scheduler  {cluster.scheduler_address}\n"
+                f"  connect    pw.Client({cluster.scheduler_address!r})\n"
+                + (f"  dashboard  {cluster.dashboard_link}\n" if cluster.dashboard_link else "")
+                + "Ctrl-C or SIGTERM stops it.",
+                file=out,
+                flush=True,
+            )
+            while not stop.wait(poll):
+                try:
+                    cluster.check_alive()
+                except BrokenError as exc:
+                    print(f"{exc}\nstopping the cluster", file=sys.stderr, flush=True)
+                    return 1
+            print("stopping the cluster", file=out, flush=True)
+            return 0
+        finally:
+            cluster.close()
+            if scheduler_file:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(scheduler_file)
+
+
+def read_address(address: str | None, scheduler_file: str | None) -> str:
+    """The scheduler address given on the command line, or the one in a scheduler file."""
+    if address and scheduler_file:
+        raise ValueError("give a scheduler address or --scheduler-file, not both")
+    if scheduler_file:
+        try:
+            with open(scheduler_file) as f:
+                return str(json.load(f)["address"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"cannot read a scheduler address from {scheduler_file!r} ({exc}); it is the "
+                "file `pathways-nb cluster --scheduler-file` writes"
+            ) from None
+    if not address:
+        raise ValueError(
+            "give the cluster's Dask scheduler address (tcp://host:8786) or --scheduler-file"
+        )
+    return address
+
+
+def status_report(address: str, as_json: bool = False, timeout: float = 10.0) -> str:
+    """The cluster's islands, slices and tenants, as text or JSON (the snapshot's rows).
+
+    Connecting makes this command a tenant for the moment it looks; the report leaves it
+    out.
+    """
+    from pathways_nb.client import Client
+
+    with Client(address, name="pathways-nb status", timeout=timeout) as client:
+        me = client.tenant
+        snapshot = client.status()
+    col = snapshot.COLUMNS["tenants"].index("tenant")
+    rows = dict(snapshot.rows, tenants=[r for r in snapshot.rows["tenants"] if r[col] != me])
+    s = dataclasses.replace(snapshot, rows=rows, _frames={})
+    if as_json:
+        tables = {
+            name: [dict(zip(s.COLUMNS[name], r, strict=True)) for r in table]
+            for name, table in rows.items()
+            if name != "events"
+        }
+        return json.dumps({"address": address, **tables}, default=str, indent=2)
+    return "\n".join(
+        [
+            f"cluster at {address}",
+            repr(s),
+            "",
+            "tenants:",
+            s.tenants.to_string(index=False) if len(s.tenants) else "  (none)",
+        ]
+    )
