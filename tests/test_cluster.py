@@ -324,18 +324,21 @@ def test_a_killed_kernel_leaves_no_orphans(tmp_path: object) -> None:
         import sys, time
         import pathways_nb as pw
         c = pw.LocalCluster(islands=1, devices_per_island=1, dashboard=False)
-        print("ready", flush=True)
+        print(c.logs_dir, flush=True)
         time.sleep(600)
         """
     )
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     assert kernel.stdout is not None
-    assert kernel.stdout.readline().strip() == b"ready"
+    logs = Path(kernel.stdout.readline().decode().strip())
+    assert (logs / "scheduler.log").exists()
     pids = _cluster_pids(kernel.pid)
     assert len(pids) >= 3
     kernel.kill()
     kernel.wait()
     assert _gone(pids, 40), f"orphans: {pids}"
+    # Nor its logs' folder, which the dead kernel could not remove.
+    assert not logs.exists()
 
 
 def test_preload_modules_import_no_client_pandas_or_ipython() -> None:

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from pathways_nb._core import BrokenError, ClosedError
-from pathways_nb.deploy._watch import PARENT_ENV
+from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
 
 # Dask housekeeping retuned for processes that share their cores with accelerator hosts:
 # (setting, Dask's default, ours). The event-loop health check every 20 ms and the
@@ -136,7 +136,7 @@ class LocalCluster:
                 "--preload",
                 "pathways_nb.deploy.scheduler",
             ],
-            self._base_env(),
+            {**self._base_env(), CLUSTER_DIR_ENV: self._tmp.name},
             "scheduler.log",
         )
         deadline = time.monotonic() + self._timeout
@@ -232,6 +232,12 @@ class LocalCluster:
             for name, text in self.logs().items()
         ]
         return ("\n" + "\n".join(tails)) if tails else ""
+
+    @property
+    def logs_dir(self) -> str:
+        """The folder of the processes' logs (``logs()`` reads them); removed on close,
+        or by the scheduler if the process that started the cluster dies."""
+        return self._tmp.name
 
     def logs(self) -> dict[str, str]:
         """The scheduler's and workers' output so far."""

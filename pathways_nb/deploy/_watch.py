@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Callable
 
 PARENT_ENV = "PATHWAYS_PARENT_PID"
+# The folder of a LocalCluster's logs and scheduler file, given to its scheduler: when the
+# process that made it is gone, nobody else will remove it.
+CLUSTER_DIR_ENV = "PATHWAYS_CLUSTER_DIR"
 
 
 def _alive(pid: int) -> bool:
@@ -36,3 +40,10 @@ def watch_parent(on_gone: Callable[[], None], interval: float = 1.0) -> threadin
     t = threading.Thread(target=run, name="pathways-parent-watch", daemon=True)
     t.start()
     return t
+
+
+def remove_cluster_dir() -> None:
+    """Remove ``$PATHWAYS_CLUSTER_DIR`` (the scheduler does, once its parent is gone)."""
+    path = os.environ.get(CLUSTER_DIR_ENV)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)

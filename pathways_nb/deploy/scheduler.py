@@ -15,7 +15,7 @@ from distributed.comm import get_address_host
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from pathways_nb.controller import Controller
-from pathways_nb.deploy._watch import watch_parent
+from pathways_nb.deploy._watch import remove_cluster_dir, watch_parent
 
 log = logging.getLogger("pathways_nb.deploy")
 
@@ -38,6 +38,7 @@ class ControllerPlugin(SchedulerPlugin):
 
         def parent_gone() -> None:
             log.warning("the process that started this cluster is gone; shutting down")
+            remove_cluster_dir()
             os._exit(0)
 
         watch_parent(parent_gone)
