@@ -512,6 +512,9 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "at[[0, 3]].add(np)": lambda t: t.at[np.array([0, 3])].add(np.ones(6, np.float32)),
         "at[:, 0].multiply(t[:, 1])": lambda t: t.at[:, 0].multiply(t[:, 1]),
         "at[mask].set(0)": lambda t: t.at[v > 0].set(0.0),
+        # None is an index too (a new axis): it was taken for "no index" at all.
+        "at[None].set(7)": lambda t: t.at[None].set(7.0),
+        "at[None, 1].add(1)": lambda t: t.at[None, 1].add(1.0),
         # A mask that is itself an array on the slice: read, as a concrete jax.Array
         # mask is, and applied where it is true.
         "[t > 3]": lambda t: t[t > 3],

@@ -334,12 +334,18 @@ class ProgramCalls:
         return self._op(f"getitem[{key}]", lambda a, *dyn: a[fill_index(fixed, dyn)], x, *arrays)
 
     def _method(
-        self, x: RemoteArray, name: str, at: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        x: RemoteArray,
+        name: str,
+        at: tuple[Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
-        """``x.name(*args, **kwargs)`` (``x.at[at].name(...)`` when ``at`` is given) as a
-        small program on x's slice. Arrays among the arguments (RemoteArrays, NumPy
-        arrays) are its arguments; everything else is fixed in the program."""
-        key, fixed_at, found = split_index(at) if at is not None else ("", None, [])
+        """``x.name(*args, **kwargs)`` (``x.at[index].name(...)`` when ``at`` is the
+        1-tuple ``(index,)``: an index may itself be None) as a small program on x's
+        slice. Arrays among the arguments (RemoteArrays, NumPy arrays) are its arguments;
+        everything else is fixed in the program."""
+        key, fixed_at, found = split_index(at[0]) if at is not None else ("", None, [])
         arrays: list[Any] = list(found)
 
         def place(v: Any) -> Any:

@@ -417,7 +417,7 @@ class _AtIndex:
         self._index = index
 
     def _update(self, how: str, *args: Any, **kwargs: Any) -> RemoteArray:
-        return self._x._client._method(self._x, how, self._index, args, kwargs)
+        return self._x._client._method(self._x, how, (self._index,), args, kwargs)
 
     def set(self, values: Any, **kwargs: Any) -> RemoteArray:
         return self._update("set", values, **kwargs)
