@@ -372,6 +372,27 @@ def test_a_none_in_out_shardings_leaves_the_layout_to_the_compiler(client: pw.Cl
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_shardings_naming_other_axes_and_remote_static_arguments_are_named(
+    client: pw.Client,
+) -> None:
+    vs = client.allocate({"x": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+
+    def scale(a: jax.Array, k: object = 2.0) -> jax.Array:
+        return a * 2
+
+    with pytest.raises(ValueError, match=r"scale: in_shardings: .* names axis 'y', but slice"):
+        pw.jit(scale, in_shardings=P("y"))(x)
+    with pytest.raises(ValueError, match=r"scale: out_shardings: .*axis 'data'.*has axes \['x'\]"):
+        pw.jit(scale, out_shardings=(P("data"),))(x)
+    # Hashable, so it would pass as a static value and fail inside the trace instead.
+    with pytest.raises(TypeError, match="a RemoteArray cannot be a static argument"):
+        pw.jit(scale, static_argnames="k")(x, k=x)
+    with pytest.raises(TypeError, match="a RemoteArray cannot be a static argument"):
+        pw.jit(scale, static_argnums=1)(x, x)
+    vs.release()
+
+
 def test_trace_errors_name_the_users_function_and_program(client: pw.Client) -> None:
     """JAX's own trace errors point at the decorated function's source, as under jax.jit,
     and a note names the program, the slice and the inputs."""

@@ -237,6 +237,12 @@ class RemoteFunction:
         static_pos = tuple((i, args[i]) for i in self.static_argnums)
         static_kw = tuple(sorted((k, kwargs[k]) for k in self.static_argnames if k in kwargs))
         for _, v in (*static_pos, *static_kw):
+            if isinstance(v, RemoteArray):
+                raise TypeError(
+                    f"{self.name}: a RemoteArray cannot be a static argument (static arguments "
+                    "are Python values fixed in the program, and its value lives on its "
+                    f"slice); got {v!r}. Pass it as an ordinary argument"
+                )
             try:
                 hash(v)
             except TypeError:
@@ -342,6 +348,13 @@ class RemoteFunction:
         user_out = self.out_shardings
         out_holder: list[Any] = []
         in_specs = self._leaf_specs(treedef)
+        for what, given in (("in_shardings", in_specs), ("out_shardings", [user_out])):
+            for spec in jax.tree.leaves(given, is_leaf=_is_spec_leaf):
+                if isinstance(spec, PartitionSpec):
+                    try:
+                        vs.check_axes(spec)
+                    except ValueError as exc:
+                        raise ValueError(f"{self.name}: {what}: {exc}") from None
 
         def flat(*leaves: Any) -> list[Any]:
             xs = list(leaves)

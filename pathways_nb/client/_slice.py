@@ -104,20 +104,26 @@ class VirtualSlice:
                 f"matching the value's structure; {exc}"
             ) from None
 
-    def check_spec(self, spec: PartitionSpec, shape: Sequence[int]) -> None:
-        """Raise ValueError unless ``spec`` can shard an array of ``shape`` on this slice."""
-        if len(spec) > len(shape):
-            raise ValueError(
-                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
-            )
-        for dim, entry in enumerate(spec):
-            n = 1
+    def check_axes(self, spec: PartitionSpec) -> None:
+        """Raise ValueError unless every mesh axis ``spec`` names is one of this slice's."""
+        for entry in spec:
             for a in entry_axes(entry):
                 if a not in self.mesh_shape:
                     raise ValueError(
                         f"PartitionSpec {spec} names axis {a!r}, but slice {self.name!r} has axes "
                         f"{list(self.mesh_shape)}"
                     )
+
+    def check_spec(self, spec: PartitionSpec, shape: Sequence[int]) -> None:
+        """Raise ValueError unless ``spec`` can shard an array of ``shape`` on this slice."""
+        if len(spec) > len(shape):
+            raise ValueError(
+                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
+            )
+        self.check_axes(spec)
+        for dim, entry in enumerate(spec):
+            n = 1
+            for a in entry_axes(entry):
                 n *= self.mesh_shape[a]
             if shape[dim] % n:
                 raise ValueError(
