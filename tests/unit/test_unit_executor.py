@@ -163,3 +163,32 @@ def test_an_arrival_stored_by_another_thread_wakes_the_dispatch_thread(host: _Ho
     other.join()
     # Nobody calls resume_due: the dispatch thread was woken and ran it.
     np.testing.assert_array_equal(host.result(out), _expected(4.0))
+
+
+def test_a_launch_that_compiles_reports_its_run_without_the_compile() -> None:
+    """The ack's start and end feed the event log, the tenant's device seconds and the
+    gang scheduler's cost estimate: a compile counted in made the program look a
+    hundred times dearer, and a tenant charged at that price was starved."""
+    h = _Host()
+    try:
+        compile_ = h.executor.programs.executable
+
+        def slow_compile(*args: Any) -> Any:
+            time.sleep(0.3)
+            return compile_(*args)
+
+        h.executor.programs.executable = slow_compile  # type: ignore[method-assign]
+        h.arrive(1, h.value(0.0))
+        began = time.time()
+        np.testing.assert_array_equal(h.result(h.run(1)), _expected(0.0))
+        deadline = time.monotonic() + 10
+        while not [m for m in h.sent if m["t"] == "acks"]:
+            assert time.monotonic() < deadline, "no acknowledgement"
+            time.sleep(1e-3)
+        ack = next(m for m in h.sent if m["t"] == "acks")["items"][0]
+        _, start, end, err = ack[:4]
+        assert err is None
+        assert start >= began + 0.3  # it started once compiled...
+        assert end - start < 0.2  # ...and ran for as long as running took
+    finally:
+        h.close()
