@@ -232,6 +232,12 @@ def test_status_rows_match_its_frames_and_event_rows_page_the_log(client: pw.Cli
     assert cursor > first.next
     assert len(rows[0]) == len(pw.Status.COLUMNS["events"])
     assert client.event_rows(cursor).rows == []
+    # since= leaves out what is older, from the start of the log as after a cursor.
+    cut = max(r[0] for r in rows if r[4] == "minus_one")
+    recent = client.event_rows(0, since=cut)
+    assert recent.next == cursor and recent.rows
+    assert all(r[0] >= cut for r in recent.rows)
+    assert [r for r in client.event_rows(0).rows if r[0] >= cut] == recent.rows
     with pytest.raises(TypeError, match=r"after is a cursor.*got -1"):
         client.event_rows(-1)
     with pytest.raises(TypeError, match=r"after is a cursor.*got '3'"):

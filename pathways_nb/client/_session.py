@@ -509,17 +509,19 @@ class Client(ProgramCalls):
         :class:`Status`; its DataFrames are built when first read)."""
         return Status.from_reply(self._ask({"t": "status"})["status"])
 
-    def event_rows(self, after: int = 0) -> EventRows:
+    def event_rows(self, after: int = 0, since: Any = 0.0) -> EventRows:
         """This client's events logged after the ``after``-th, as plain rows in
         ``Status.COLUMNS["events"]`` order, and the cursor to pass next time: what a live
-        view polls without building a DataFrame each time.
+        view polls without building a DataFrame each time. ``since`` (a time, as for
+        :meth:`events`) leaves out older events: a view of the last seconds of a long
+        run starts without reading the whole log.
 
-        >>> cursor = 0
+        >>> rows, cursor = client.event_rows(0, since=time.time() - 10)
         >>> rows, cursor = client.event_rows(cursor)   # later: only the new ones
         """
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise TypeError(f"after is a cursor (0, or the next of an earlier call); got {after!r}")
-        h = self._events_reply(0.0, False, after)
+        h = self._events_reply(since, False, after)
         return EventRows(h["events"], int(h["next"]))
 
     def _events_reply(self, since: Any, all_tenants: bool, after: int | None) -> Any:

@@ -55,16 +55,18 @@ class EventLog:
         return out[-limit:]
 
     def after(
-        self, seq: int, tenant: int | None = None, limit: int = 100_000
+        self, seq: int, tenant: int | None = None, limit: int = 100_000, since: float = 0.0
     ) -> tuple[list[list[Any]], int]:
-        """Events logged after the ``seq``-th (oldest first), and the number to ask with
-        next time. Events are numbered in the order they were logged, from 0; those that
-        fell off the ring are gone."""
+        """Events logged after the ``seq``-th (oldest first) and at or after time
+        ``since``, and the number to ask with next time. Events are numbered in the order
+        they were logged, from 0; those that fell off the ring are gone."""
         first = self.total - len(self._ring)  # the number of the oldest event kept
         # Walk in from the newest end: live views ask for the last few of a full ring.
         newest = list(itertools.islice(reversed(self._ring), max(0, self.total - max(seq, first))))
         newest.reverse()
-        out = [list(ev) for ev in newest if tenant is None or ev[2] in (0, tenant)]
+        out = [
+            list(ev) for ev in newest if (tenant is None or ev[2] in (0, tenant)) and ev[0] >= since
+        ]
         return out[-limit:], self.total
 
     def __len__(self) -> int:

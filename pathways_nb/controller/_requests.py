@@ -286,7 +286,7 @@ class ClientRequests:
         tenant = None if h.get("all") else t.tenant
         after = h.get("after")
         if isinstance(after, int) and not isinstance(after, bool):
-            events, nxt = self.events.after(after, tenant)
+            events, nxt = self.events.after(after, tenant, since=float(h.get("since", 0.0)))
             self._reply(t, h["rid"], events=events, next=nxt)
         else:
             self._reply(t, h["rid"], events=self.events.since(float(h["since"]), tenant))

@@ -129,7 +129,10 @@ class TimelineWidget(_Live):
 
     def refresh(self) -> None:
         # Only events logged since the last refresh cross the wire and get looked at.
-        ev, self._cursor = self._client.event_rows(self._cursor)
+        # The first look at a window of the last seconds reads only those seconds.
+        horizon = self._tracker.horizon
+        since = 0.0 if self._cursor or horizon is None else time.time() - horizon
+        ev, self._cursor = self._client.event_rows(self._cursor, since=since)
         if not ev and self.rows and self.last is None:
             return  # nothing new to draw
         self._tracker.add(ev)
