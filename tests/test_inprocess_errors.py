@@ -134,11 +134,18 @@ def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> Non
         y.fetch()
     with pytest.raises(pw.ClosedError, match="deleted"):
         pw.jit(lambda a: a)(y)
+    other = client.allocate({"data": 2})
     vs.release()
     vs.release()  # twice is fine
     for action in (lambda: x.fetch(), lambda: vs.put(np.ones(2)), lambda: pw.jit(lambda a: a)(x)):
         with pytest.raises(pw.ClosedError, match="released"):
             action()
+    # Its arrays went with it, as a deleted jax.Array reads; a function pinned to another
+    # slice refuses one at once (it was the source host's late "not a live array").
+    assert x.is_deleted() and repr(x).endswith(", released)")
+    with pytest.raises(pw.ClosedError, match=r"lives on slice 's\d+', which was released"):
+        pw.jit(lambda a: a, slice=other)(x)
+    other.release()
     # The devices are free again.
     again = client.allocate({"data": 4})
     assert again.size == 4

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import decode_spec, donated_twice, encode_spec
+from pathways_nb._core import ClosedError, decode_spec, donated_twice, encode_spec
 from pathways_nb.client import _graph
 from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._io import IOThread
@@ -173,6 +173,13 @@ class ProgramCalls:
         x._check_usable()
         if x.slice is vs:
             return x
+        if x.slice.state == "released":
+            raise ClosedError(
+                f"an argument ({x!r}) lives on slice {x.slice.name!r}, which was released: its "
+                "arrays went with it. Release a slice once what it holds has been used or "
+                "fetched"
+            )
+        x.slice.check_active()  # a lost slice's arrays are lost with it
         if x._client is not self:
             raise ValueError(
                 f"an argument lives on slice {x.slice.name!r} of another pw.Client (tenant "

@@ -149,6 +149,8 @@ class RemoteArray:
     def __repr__(self) -> str:
         if self._deleted:
             state = "deleted"
+        elif self.slice.state != "active":
+            state = self.slice.state  # released or lost: its arrays went with it
         elif self._client._error_of(self) is not None:
             state = "failed"
         else:
@@ -168,7 +170,8 @@ class RemoteArray:
         return self._ready or self._client._is_done(self._lid)
 
     def is_deleted(self) -> bool:
-        return self._deleted
+        """True once deleted, donated, or its slice released (its arrays go with it)."""
+        return self._deleted or self.slice.state == "released"
 
     def block_until_ready(self) -> RemoteArray:
         """Wait until the array is computed; raise its error if its program failed."""
