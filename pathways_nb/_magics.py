@@ -13,6 +13,7 @@ module uses only the public API.
 from __future__ import annotations
 
 import ast
+import os
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -22,7 +23,8 @@ import pathways_nb as pw
 
 _USAGE = """\
 %pathways start [--islands N] [--devices N]   start the embedded local cluster (reused if running)
-%pathways connect ADDRESS                     connect to a Dask scheduler with the pathways preload
+%pathways connect ADDRESS|FILE                connect to a Dask scheduler with the pathways preload,
+                                              or to the one a scheduler file names
 %pathways status                              live cluster status
 %pathways devices                             live placement map: device -> slice -> program
 %pathways graph CALL                          draw the dataflow graph of CALL, e.g. step(state, x)
@@ -57,7 +59,10 @@ class Session:
     def connect(self, address: str) -> pw.Client:
         if self.client is not None and not self.client.closed:
             self.client.close()
-        self.client = pw.Client(address)
+        if "://" not in address and os.path.isfile(address):
+            self.client = pw.Client(scheduler_file=address)
+        else:
+            self.client = pw.Client(address)
         return self.client
 
     def require(self) -> pw.Client:
@@ -122,7 +127,10 @@ class PathwaysMagics(Magics):
             return s.cluster if s.cluster is not None else client
         if args.command == "connect":
             if len(args.rest) != 1:
-                raise UsageError("connect takes one address, e.g. tcp://scheduler:8786")
+                raise UsageError(
+                    "connect takes one address, e.g. tcp://scheduler:8786, or a scheduler "
+                    "file, e.g. cluster.json (what `pathways-nb cluster --scheduler-file` writes)"
+                )
             return s.connect(args.rest[0])
         if args.command == "status":
             return pw.viz.status(s.require(), live=not args.static)

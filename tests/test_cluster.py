@@ -507,7 +507,17 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
         assert len(pids) >= 5  # scheduler, and a nanny and a worker per island
         # Two kernels' clients are two tenants of the one cluster.
         a = pw.Client(info["address"], name="kernel-a")
-        b = pw.Client(info["address"], name="kernel-b")
+        b = pw.Client(scheduler_file=info_file, name="kernel-b")  # as dask.distributed's
+        # %pathways connect takes the file as well as the address.
+        from pathways_nb._magics import Session
+
+        notebook = Session()
+        assert (
+            notebook.connect(str(info_file))
+            .status()
+            .summary.startswith("pathways_nb cluster: 2 islands, 4 devices")
+        )
+        notebook.stop()
         va, vb = a.allocate({"x": 2}), b.allocate({"x": 2})
         assert va.island != vb.island
         x = np.arange(8, dtype=np.float32)
@@ -551,6 +561,12 @@ def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -
         # It was a TypeError from inside the client ("'NoneType' object is not iterable").
         with pytest.raises(pw.BrokenError, match=r"runs no pathways controller.*--preload"):
             pw.Client(address, timeout=10)
+        with pytest.raises(pw.BrokenError, match=r"runs no pathways controller"):
+            pw.Client(scheduler_file=sched_file, timeout=10)  # Dask's own scheduler file
     finally:
         plain.terminate()
         plain.wait(30)
+    with pytest.raises(ValueError, match=r"cannot read a scheduler address from .*nowhere.json"):
+        pw.Client(scheduler_file=tmp_path / "nowhere.json")
+    with pytest.raises(ValueError, match="an address or a scheduler_file, not both"):
+        pw.Client("tcp://127.0.0.1:1", scheduler_file=sched_file)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import threading
 from typing import Any
 
@@ -59,3 +61,20 @@ def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
             "`dask worker --preload pathways_nb.deploy.worker`), or use `pathways-nb cluster`."
         )
     return dict(info)
+
+
+def address_from_file(path: str | os.PathLike[str]) -> str:
+    """The scheduler address in a scheduler file: the JSON that ``pathways-nb cluster
+    --scheduler-file`` and ``dask scheduler --scheduler-file`` write."""
+    try:
+        with open(path) as f:
+            address = json.load(f)["address"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"cannot read a scheduler address from {os.fspath(path)!r} ({exc}); a scheduler "
+            "file is the JSON `pathways-nb cluster --scheduler-file` or "
+            "`dask scheduler --scheduler-file` writes"
+        ) from None
+    if not isinstance(address, str):
+        raise ValueError(f"the address in {os.fspath(path)!r} is not a string: {address!r}")
+    return address

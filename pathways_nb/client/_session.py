@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import time
 import weakref
@@ -34,7 +35,7 @@ from pathways_nb._core import (
     validate_mesh_shape,
 )
 from pathways_nb.client._direct import DirectChannels, RequestFailed
-from pathways_nb.client._discovery import ask_scheduler
+from pathways_nb.client._discovery import address_from_file, ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
@@ -70,13 +71,19 @@ class Client(ProgramCalls):
         name: str = "",
         weight: float = 1.0,
         timeout: float = 30.0,
+        scheduler_file: str | os.PathLike[str] | None = None,
     ) -> None:
         adopt: Callable[[Client], None] | None = None
+        if scheduler_file is not None:
+            if address is not None:
+                raise ValueError("give pw.Client an address or a scheduler_file, not both")
+            address = address_from_file(scheduler_file)
         if controller is None:
             if address is None:
                 raise ValueError(
-                    "pw.Client needs a cluster (pw.LocalCluster(...), pw.InProcessCluster(...)) "
-                    "or a Dask scheduler address such as 'tcp://host:8786'"
+                    "pw.Client needs a cluster (pw.LocalCluster(...), pw.InProcessCluster(...)), "
+                    "a Dask scheduler address such as 'tcp://host:8786', or scheduler_file= "
+                    "(the file `pathways-nb cluster` or `dask scheduler` writes)"
                 )
             adopt = getattr(address, "adopt", None)
             if adopt is not None:

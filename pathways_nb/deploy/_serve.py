@@ -101,17 +101,12 @@ def serve(
 
 def read_address(address: str | None, scheduler_file: str | None) -> str:
     """The scheduler address given on the command line, or the one in a scheduler file."""
+    from pathways_nb.client._discovery import address_from_file
+
     if address and scheduler_file:
         raise ValueError("give a scheduler address or --scheduler-file, not both")
     if scheduler_file:
-        try:
-            with open(scheduler_file) as f:
-                return str(json.load(f)["address"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"cannot read a scheduler address from {scheduler_file!r} ({exc}); it is the "
-                "file `pathways-nb cluster --scheduler-file` writes"
-            ) from None
+        return address_from_file(scheduler_file)
     if not address:
         raise ValueError(
             "give the cluster's Dask scheduler address (tcp://host:8786) or --scheduler-file"
