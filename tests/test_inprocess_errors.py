@@ -158,6 +158,27 @@ def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> Non
         client.release("s1")  # type: ignore[arg-type]
 
 
+def test_a_refused_allocation_names_the_open_clients_holding_slices(
+    cluster: pw.InProcessCluster,
+) -> None:
+    """A notebook cell that makes a client and allocates, run again, finds the devices
+    taken by the client it made the first time: the error says so."""
+    first = cluster.client()
+    try:
+        held = [first.allocate({"data": 4}) for _ in range(2)]
+        again = cluster.client()
+        with pytest.raises(pw.BusyError, match="free devices per island") as info:
+            again.allocate({"data": 4})
+        names = [vs.name for vs in held]
+        assert f"tenant {first.tenant}: slices {names}" in str(info.value)
+        assert "close the ones no longer used" in str(info.value)
+        first.close()
+        assert again.allocate({"data": 4}).size == 4
+        again.close()
+    finally:
+        first.close()
+
+
 def test_allocate_errors_say_what_is_free(client: pw.Client) -> None:
     with pytest.raises(pw.BusyError, match="free devices per island"):
         client.allocate({"data": 64})

@@ -46,6 +46,10 @@ from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import EventRows, Status, epoch_seconds, events_frame
 
 _LOCAL_LID = 0
+# Every client of this process that has not been closed: an allocation refused for want
+# of devices names those holding slices on the same controller (a notebook cell that
+# made a client, run again, leaves the earlier one holding its slices).
+_OPEN: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
 class Client(ProgramCalls):
@@ -148,6 +152,7 @@ class Client(ProgramCalls):
         self.max_queued: int = int(h.get("max_queued", 10_000))
         self._ids = HandleAllocator(self.tenant)
         Client._current = self
+        _OPEN.add(self)
         self._finalizer = weakref.finalize(self, IOThread.stop, self._io)
         if adopt is not None:
             adopt(self)
@@ -171,6 +176,7 @@ class Client(ProgramCalls):
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
         self._prefetcher.stop()
         self._io.stop()
         self._direct.close()
@@ -186,7 +192,7 @@ class Client(ProgramCalls):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._slices)} slices"
+        state = "closed" if self._closed else f"{len(self.slices)} slices"
         tenant = getattr(self, "tenant", "?")
         return f"<pathways_nb.Client tenant={tenant} {state} {self.controller_address}>"
 
@@ -220,7 +226,23 @@ class Client(ProgramCalls):
     def allocate(self, mesh: dict[str, int], name: str | None = None) -> VirtualSlice:
         """A virtual slice of shape ``mesh`` (e.g. ``{"data": 4}``) on one island."""
         shape = validate_mesh_shape(mesh)
-        h = self._ask({"t": "allocate", "mesh": encode_mesh(shape), "name": name})
+        try:
+            h = self._ask({"t": "allocate", "mesh": encode_mesh(shape), "name": name})
+        except BusyError as exc:
+            others = [c for c in list(_OPEN) if c is not self and not c.closed]
+            held = {
+                c.tenant: [s.name for s in c.slices]
+                for c in others
+                if c.controller_address == self.controller_address and c.slices
+            }
+            if not held:
+                raise
+            which = "; ".join(f"tenant {t}: slices {names}" for t, names in sorted(held.items()))
+            raise BusyError(
+                f"{exc} Other pw.Clients of this process, not closed, hold slices there "
+                f"({which}): close the ones no longer used (client.close(), or "
+                "`with pw.Client(...) as client:`) or release their slices."
+            ) from None
         s = h["slice"]
         vs = VirtualSlice(
             self,
