@@ -542,6 +542,12 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "[:, t[0] > -5]": lambda t: t[:, t[0] > -5],
         "[t > 99]": lambda t: t[t > 99],
         "at[t > 0].set(0)": lambda t: t.at[t > 0].set(0.0),
+        "clone": lambda t: t.clone(),
+        "compress(mask, axis=0)": lambda t: t.compress(np.array([True, False, True]), axis=0),
+        "compress(mask)": lambda t: t.compress(v.ravel() > 0),
+        "[:, 0].astype(int32).choose(clip)": lambda t: (
+            (t[:, 0] > 0).astype(jnp.int32).choose([np.arange(4.0), -np.arange(4.0)], mode="clip")
+        ),
     }
     for name, fn in cases.items():
         got, want = fn(x), fn(j)
@@ -554,6 +560,18 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         np.asarray(x.at[r].set(x[r] * 2)),
         np.asarray(j.at[jnp.array([3, 0])].set(j[jnp.array([3, 0])] * 2)),
     )
+    # Results whose shape depends on the values read them first, as a concrete
+    # jax.Array does; with size= they need not.
+    for got, want in ((x.nonzero(), j.nonzero()), (x.nonzero(size=30), j.nonzero(size=30))):
+        assert len(got) == len(want) == 2
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert (float(v[1, 2]) in x[1], 1e9 in x[1]) == (float(v[1, 2]) in j[1], 1e9 in j[1])
+    assert float(v[1, 2]) in x[1]
+    with pytest.raises(ValueError, match="search array must be one-dimensional"):
+        _ = 1.0 in x
+    with pytest.raises(TypeError, match=r"immutable.*x.at\[idx\].set\(y\)"):
+        x[0, 0] = 1.0
     rows = list(x)
     assert len(rows) == 4 and all(row.shape == (6,) for row in rows)
     np.testing.assert_array_equal(np.stack([np.asarray(row) for row in rows]), v)

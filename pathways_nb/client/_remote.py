@@ -205,12 +205,66 @@ class RemoteArray:
         """The value as nested Python lists (fetched), as ``jax.Array.tolist``."""
         return np.asarray(self).tolist()
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise TypeError(
+            "RemoteArrays are immutable, as JAX arrays are: instead of x[idx] = y, use "
+            "x = x.at[idx].set(y) (or another .at[] method); it runs on the array's slice"
+        )
+
+    def __contains__(self, value: Any) -> bool:
+        """``value in x`` for a 1-d array and a scalar, as for a ``jax.Array`` (one small
+        program and a fetch of its answer)."""
+        if value is None or isinstance(value, str):
+            raise TypeError(f"RemoteArray.__contains__: unsupported operand type {type(value)}")
+        if self.ndim != 1:
+            raise ValueError(
+                f"RemoteArray.__contains__: search array must be one-dimensional, got shape "
+                f"{self.shape}"
+            )
+        if np.ndim(value) != 0:
+            raise ValueError(
+                f"RemoteArray.__contains__: query value must be a scalar, got shape "
+                f"{np.shape(value)}"
+            )
+        return bool((self == value).any())
+
+    def nonzero(self, *, size: int | None = None, fill_value: Any = None) -> tuple[Any, ...]:
+        """The indices of the nonzero entries, one array per dimension, as
+        ``jax.Array.nonzero``. Without ``size`` the count is read first (the result's
+        shape depends on the values, as a concrete jax.Array's does), so each count is a
+        program of its own; pass ``size`` (padded with ``fill_value``) to keep one."""
+        if size is None:
+            size = int((self != 0).sum())
+        return self._client._method(
+            self, "nonzero", None, (), {"size": size, "fill_value": fill_value}
+        )
+
     def tobytes(self, order: Literal["C", "F", "A", "K"] = "C") -> bytes:
         """The value's bytes (fetched), as ``jax.Array.tobytes``."""
         return np.asarray(self).tobytes(order=order)
 
     # copy.copy and copy.deepcopy give a new array on the slice, as they do for a
     # jax.Array (a snapshot of parameters with copy.deepcopy(params) stays remote).
+    def compress(self, condition: Any, axis: int | None = None) -> RemoteArray:
+        """The entries (or slices along ``axis``) where ``condition`` is true, as
+        ``jax.Array.compress`` with a concrete condition (a RemoteArray one is read)."""
+        cond = condition.fetch() if isinstance(condition, RemoteArray) else condition
+        cond = np.asarray(cond).astype(bool)
+        if cond.ndim != 1:
+            raise ValueError(f"compress: condition must be one-dimensional; got shape {cond.shape}")
+        arr: Any = self.ravel() if axis is None else self  # type: ignore[attr-defined]
+        axis = 0 if axis is None else axis
+        n = arr.shape[axis]
+        if cond[n:].any():
+            raise ValueError(
+                f"compress: condition has {cond.size} entries, true beyond the {n} of the axis"
+            )
+        return arr.take(np.nonzero(cond[:n])[0].astype(np.int32), axis=axis)
+
+    def clone(self) -> RemoteArray:
+        """A new array with the same value on the slice, as ``jax.Array.clone``."""
+        return self.copy()  # type: ignore[attr-defined]
+
     def __copy__(self) -> RemoteArray:
         return self.copy()  # type: ignore[attr-defined]
 
@@ -367,6 +421,7 @@ METHODS = (
     "argmin",
     "argpartition",
     "argsort",
+    "choose",
     "clip",
     "conj",
     "conjugate",
