@@ -61,7 +61,11 @@ class Client(ProgramCalls):
 
     ``address`` is a cluster object (``pw.LocalCluster``, ``pw.InProcessCluster``, or
     any Dask cluster whose scheduler has the pathways preload) or a Dask scheduler
-    address. ``controller=`` connects straight to a controller's address.
+    address; ``scheduler_file=`` reads that address from the file ``pathways-nb cluster
+    --scheduler-file`` (or ``dask scheduler --scheduler-file``) writes. ``controller=``
+    connects straight to a controller's address. ``name`` and ``weight`` are this
+    tenant's in ``client.status()`` and its share of contended islands (weight 3 gets
+    three times the device time of weight 1 while both have work queued).
     """
 
     _current: ClassVar[Client | None] = None

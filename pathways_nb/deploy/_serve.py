@@ -58,7 +58,7 @@ def serve(
     ``scheduler_file``, when given, receives the addresses as JSON once every host is
     up (``address``, ``controller``, ``dashboard``, ``pid``, ``islands``,
     ``devices_per_island``) and is removed on exit: scripts wait for it, then connect
-    with ``pw.Client(json.load(f)["address"])``.
+    with ``pw.Client(scheduler_file=path)``.
     """
     stop = threading.Event()
     with _stop_on_signals(stop):
