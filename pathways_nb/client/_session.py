@@ -292,6 +292,7 @@ class Client(ProgramCalls):
     def _release(self, vs: VirtualSlice) -> None:
         self._ask({"t": "release", "slice": vs.id})
         vs.state = "released"
+        self._slices.pop(vs.id, None)  # its arrays know it; this client need not
         if self.default_slice is vs:
             self.default_slice = None
 

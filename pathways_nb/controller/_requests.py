@@ -332,6 +332,7 @@ class ClientRequests:
         for s in list(self.rm.slices.values()):
             if s.tenant == t.tenant and s.state == "active":
                 self._release_slice(t, s)
+        self.rm.forget_tenant(t.tenant)
         self.events.add("tenant_leave", t.tenant, detail=why)
         self.tenants.remove(t.tenant)
         self.scheduler.forget_tenant(t.tenant)

@@ -6,6 +6,7 @@ out (which physical devices back a virtual slice). No sockets, no threads.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any
@@ -48,9 +49,17 @@ class SliceInfo:
 class ResourceManager:
     """Maps virtual slices onto free devices of one island."""
 
+    # Released slices remembered, so that a late request naming one hears "released"
+    # rather than "does not exist"; the oldest are forgotten beyond this many.
+    REMEMBER_RELEASED = 10_000
+
     def __init__(self) -> None:
         self.hosts: dict[str, HostInfo] = {}
+        # Slices that still hold devices or are lost and not yet released: a long-lived
+        # cluster allocates and releases without end, and what is gone must not make
+        # every allocation (or a tenant's departure) walk all that ever was.
         self.slices: dict[str, SliceInfo] = {}
+        self._gone: collections.OrderedDict[str, SliceInfo] = collections.OrderedDict()
         self._used: dict[str, set[int]] = {}  # host -> device ids held by active slices
         self._next_slice = 0
 
@@ -124,17 +133,26 @@ class ResourceManager:
         return s
 
     def release(self, sid: str, tenant: int) -> SliceInfo:
-        """Free the slice's devices. Releasing twice is a no-op."""
+        """Free the slice's devices (a lost one keeps its state). Releasing twice is a
+        no-op."""
         s = self.get(sid, tenant)
         if s.state == "active":
             self._used[s.host].difference_update(s.devices)
-        if s.state != "lost":
             s.state = "released"
+        if self.slices.pop(sid, None) is not None:
+            self._gone[sid] = s
+            while len(self._gone) > self.REMEMBER_RELEASED:
+                self._gone.popitem(last=False)
         return s
+
+    def forget_tenant(self, tenant: int) -> None:
+        """The tenant left (its active slices were released): its lost ones go too."""
+        for sid in [sid for sid, s in self.slices.items() if s.tenant == tenant]:
+            self.release(sid, tenant)
 
     # queries ------------------------------------------------------------------------
     def get(self, sid: str, tenant: int | None = None) -> SliceInfo:
-        s = self.slices.get(sid)
+        s = self.slices.get(sid) or self._gone.get(sid)
         if s is None or (tenant is not None and s.tenant != tenant):
             raise ClosedError(f"slice {sid!r} does not exist for this client")
         return s
@@ -167,5 +185,5 @@ class ResourceManager:
             hosts.append(d)
         return {
             "hosts": hosts,
-            "slices": [s.to_dict() for s in self.slices.values() if s.state != "released"],
+            "slices": [s.to_dict() for s in self.slices.values()],
         }
