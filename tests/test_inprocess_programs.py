@@ -814,3 +814,22 @@ def test_a_program_that_ignores_its_inputs_still_runs_on_the_whole_slice(
     w = pw.jit(lambda v: (jnp.arange(3.0), v.shape[0]), static_argnums=())(x)
     np.testing.assert_array_equal(np.asarray(w[0]), np.arange(3.0))
     vs.release()
+
+
+def test_a_host_keeps_its_most_recent_executables_and_compiles_a_dropped_one_again() -> None:
+    """A sweep that traces a new function per value sends a new program each time; the
+    host keeps only the most recently used executables (PATHWAYS_HOST_EXECUTABLES)."""
+    with pw.InProcessCluster(1, 2, config=pw.Config(host_executables=4)) as cluster:
+        client = cluster.client()
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+        scaled = [pw.jit(lambda a, k=k: a * k) for k in range(10)]
+        for k, f in enumerate(scaled):
+            np.testing.assert_array_equal(np.asarray(f(x)), np.arange(4) * k)
+        _, stats = cluster.hosts[0].statistics()
+        assert stats.executables == 4 and stats.compiles >= 10
+        # The first is gone from the host; launched again, it compiles again and runs.
+        np.testing.assert_array_equal(np.asarray(scaled[0](x) + 1), np.ones(4))
+        _, again = cluster.hosts[0].statistics()
+        assert again.executables == 4 and again.compiles > stats.compiles
+        assert len(cluster.hosts[0].executor._plans) <= 4

@@ -62,6 +62,11 @@ class Config:
     host_timeout_seconds: float = 30.0
     # Seconds a host waits for an array the client put but that has not arrived yet.
     put_wait_seconds: float = 60.0
+    # Compiled executables a host keeps, least recently used dropped beyond it (~0.2 MB
+    # each for a small program on CPU): a notebook tracing a new function per cell or per
+    # sweep value would otherwise grow the host without end. A dropped one compiles again
+    # when used (from the persistent compilation cache).
+    host_executables: int = 256
     # Nice value a host gives XLA's own threads when its devices are CPU devices, so
     # the control plane's Python threads run first when both want a core (XLA's threads
     # spin for work before they sleep); 0 leaves them at the process's priority.
@@ -71,6 +76,11 @@ class Config:
     cpu_device_spread: bool = True
 
     def __post_init__(self) -> None:
+        if self.host_executables < 1:
+            raise ValueError(
+                f"host_executables must be at least 1; got {self.host_executables} "
+                "(PATHWAYS_HOST_EXECUTABLES)"
+            )
         if not 0 <= self.cpu_device_nice <= 19:
             raise ValueError(
                 f"cpu_device_nice must be a nice value from 0 (off) to 19; "
@@ -94,6 +104,7 @@ class Config:
                 "PATHWAYS_HOST_TIMEOUT_SECONDS", d.host_timeout_seconds
             ),
             put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
+            host_executables=_env_int("PATHWAYS_HOST_EXECUTABLES", d.host_executables),
             cpu_device_nice=_env_int("PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
             cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
         )

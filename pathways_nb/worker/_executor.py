@@ -59,6 +59,7 @@ class Executor:
         send: Callable[[dict[str, Any]], None],
         put_wait: float = 60.0,
         window: int = 16,
+        executables: int = 256,
     ) -> None:
         self.host = host
         self.store = store
@@ -66,7 +67,7 @@ class Executor:
         self.completions = Completions(host, store, send, window)
         self._reported_parked: set[int] = set()
         self._put_wait = put_wait
-        self.programs = Programs(host, devices)
+        self.programs = Programs(host, devices, executables)
         self.memory = MemoryGuard(host, enabled=all(d.platform == "cpu" for d in devices))
         self.completions.on_released = self.memory.release
         self._faults: list[tuple[str, str]] = []
@@ -76,8 +77,10 @@ class Executor:
         self._busy = False
         self._cv = threading.Condition()
         # run message key -> (program, executable, donated argument indices): what a
-        # launch needs, found with one lookup once its program is compiled here.
-        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        # launch needs, found with one lookup once its program is compiled here. As many
+        # as the host keeps executables, the least recently launched dropped first.
+        self._plans: collections.OrderedDict[tuple[Any, ...], _Plan] = collections.OrderedDict()
+        self._max_plans = executables
         self._threads: list[threading.Thread] = []
         self._launches = 0
         self._failures = 0
@@ -174,7 +177,14 @@ class Executor:
         injected fault to take, and room in XLA's window (so the thread never waits)."""
         if self._faults or not self.completions.has_room():
             return None
-        return self._plans.get(run_key(h))
+        return self._plan(run_key(h))
+
+    def _plan(self, key: tuple[Any, ...]) -> _Plan | None:
+        """The plan for a run key, marked recently used."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
 
     def serve_inline_from_this_thread(self) -> None:
         """Called once by the host's socket thread: arrivals it stores resume parked work
@@ -257,7 +267,7 @@ class Executor:
         """The launch's plan and input entries if it can run at once, else None."""
         if self._faults:
             return None  # injected faults (delays, crashes) belong on the dispatch thread
-        plan = self._plans.get(run_key(h))
+        plan = self._plan(run_key(h))
         if plan is None:
             return None
         entries = self.store.get_many(h["ins"])
@@ -549,7 +559,7 @@ class Executor:
         name, sname = h["pid"], h.get("name", h["slice"])
         try:
             key = run_key(h)
-            plan = self._plans.get(key)
+            plan = self._plan(key)
             prog = plan[0] if plan is not None else self.programs.program(h["pid"])
             name = prog.name
             fault = self._take_fault(name)
@@ -593,6 +603,8 @@ class Executor:
                     ) from None
                 need = program_bytes(fn, len(h["devices"]))
                 plan = self._plans[key] = (prog, fn, donate, need)
+                if len(self._plans) > self._max_plans:
+                    self._plans.popitem(last=False)
         except Exception as exc:
             self._failed(h, exc, name, sname, t0)
             return

@@ -1,8 +1,9 @@
 """The programs a host knows and their executables: deserialize once, compile once per
-(program, device assignment, donation)."""
+(program, device assignment, donation) while it stays among the most recently used."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -45,12 +46,17 @@ class Programs:
     """The host's programs, meshes and compiled executables; used by one thread at a time
     (the executor's, or the socket thread for puts and transfers, which only ask for meshes)."""
 
-    def __init__(self, host: str, devices: Sequence[jax.Device]) -> None:
+    def __init__(
+        self, host: str, devices: Sequence[jax.Device], max_executables: int = 256
+    ) -> None:
         self.host = host
         self._devices = {int(d.id): d for d in devices}
         self._programs: dict[str, Program] = {}
         self._bad_programs: dict[str, RemoteError] = {}
-        self._executables: dict[tuple[Any, ...], Any] = {}
+        # Least recently used first; beyond max_executables the oldest is dropped (its
+        # program stays, and compiles again if launched).
+        self._executables: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
+        self.max_executables = max_executables
         self._meshes: dict[tuple[Any, ...], Mesh] = {}
         self.compiles = 0
         # Called after each compile: XLA starts its compiler threads on the first one.
@@ -107,7 +113,9 @@ class Programs:
     def executable(self, pid: str, mesh: Mesh, donate: tuple[int, ...]) -> Any:
         key = (pid, id(mesh), donate)
         fn = self._executables.get(key)
-        if fn is None:
+        if fn is not None:
+            self._executables.move_to_end(key)
+        else:
             prog = self.program(pid)
             exp = prog.exported
             in_sh = [
@@ -135,6 +143,8 @@ class Programs:
             if self.after_compile is not None:
                 self.after_compile()
             self._executables[key] = fn
+            if len(self._executables) > self.max_executables:
+                self._executables.popitem(last=False)
         return fn
 
     def program(self, pid: str) -> Program:

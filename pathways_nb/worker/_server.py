@@ -119,6 +119,7 @@ class Host:
             self._to_controller,
             self.config.put_wait_seconds,
             window=self.config.inflight_window,
+            executables=self.config.host_executables,
         )
         self._sender = Sender(self._ctx, name, self.executor.sent, self.store)
         self.executor.send_array = self._sender.submit

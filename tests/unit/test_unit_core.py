@@ -200,6 +200,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "lease_seconds": "2.5",
         "host_timeout_seconds": "9",
         "put_wait_seconds": "7",
+        "host_executables": "32",
         "cpu_device_nice": "5",
         "cpu_device_spread": "0",
     }
@@ -216,6 +217,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         lease_seconds=2.5,
         host_timeout_seconds=9.0,
         put_wait_seconds=7.0,
+        host_executables=32,
         cpu_device_nice=5,
         cpu_device_spread=False,
     )
@@ -246,6 +248,12 @@ def test_a_nice_value_out_of_range_says_which_range(
 ) -> None:
     clean_env.setenv("PATHWAYS_CPU_DEVICE_NICE", nice)
     with pytest.raises(ValueError, match=f"from 0 \\(off\\) to 19; got {nice} "):
+        Config.from_env()
+
+
+def test_a_host_must_keep_at_least_one_executable(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("PATHWAYS_HOST_EXECUTABLES", "0")
+    with pytest.raises(ValueError, match=r"at least 1; got 0 \(PATHWAYS_HOST_EXECUTABLES\)"):
         Config.from_env()
 
 

@@ -192,3 +192,29 @@ def test_a_launch_that_compiles_reports_its_run_without_the_compile() -> None:
         assert end - start < 0.2  # ...and ran for as long as running took
     finally:
         h.close()
+
+
+def test_a_host_keeps_a_bounded_number_of_executables_least_recently_used_first() -> None:
+    """A notebook that traces a new function per cell or per sweep value sends a new
+    program each time: the host kept every executable (~0.2 MB each), without end."""
+    from pathways_nb.worker._programs import Programs
+
+    devices = jax.devices()[:DEVICES]
+    sharding = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+    programs = Programs("h", devices, max_executables=2)
+    aval = jax.ShapeDtypeStruct((8,), np.float32, sharding=sharding)
+    for k in range(3):
+        exp = export.export(jax.jit(lambda x, k=k: x * k, out_shardings=sharding))(aval)
+        programs.add(f"p{k}", f"times{k}", exp.serialize())
+    mesh = programs.mesh(range(DEVICES), [["x", DEVICES]])
+    x = jax.device_put(np.arange(8, dtype=np.float32), sharding)
+    for k in (0, 1, 0, 2):  # p0 used again, so p1 is the least recently used
+        np.testing.assert_array_equal(
+            np.asarray(programs.executable(f"p{k}", mesh, ())(x)), np.arange(8) * k
+        )
+    assert (programs.executables, programs.compiles) == (2, 3)
+    programs.executable("p0", mesh, ())  # still kept: no compile
+    assert programs.compiles == 3
+    # The dropped one compiles again, from its program, which the host keeps.
+    np.testing.assert_array_equal(np.asarray(programs.executable("p1", mesh, ())(x)), np.arange(8))
+    assert (programs.executables, programs.compiles) == (2, 4)
