@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import _thread
+import asyncio
 import copy
+import functools
 import io
 import operator
 import pickle
@@ -668,6 +670,38 @@ def print_of(value: Any) -> str:
     out = io.StringIO()
     print(value, file=out)
     return out.getvalue()
+
+
+def test_await_gives_the_value_without_blocking_the_event_loop(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    v = np.arange(8, dtype=np.float32)
+    x = vs.put(v, P("data"))
+    client.inject_fault(vs, match="fails_awaited")
+    bad = pw.jit(lambda t: t + 1, name="fails_awaited")(x)
+
+    async def main() -> tuple[Any, Any, int]:
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(other_work())
+        # A slow program: the loop keeps turning while it runs and its value arrives.
+        slow = pw.jit(lambda t: functools.reduce(lambda a, _: jnp.sin(a) + t, range(200), t))
+        total, y = await asyncio.gather((x * 2).sum(), slow(x))
+        with pytest.raises(pw.RemoteError, match="injected fault"):
+            await bad
+        other.cancel()
+        return total, y, turns
+
+    total, y, turns = asyncio.run(main())
+    assert float(total) == float((v * 2).sum())
+    want = jax.jit(lambda t: functools.reduce(lambda a, _: jnp.sin(a) + t, range(200), t))(v)
+    np.testing.assert_allclose(y, np.asarray(want), rtol=1e-6)
+    assert turns > 50  # the loop turned while the values were on their way
 
 
 def test_copy_to_host_async_fetches_in_the_background(client: pw.Client) -> None:

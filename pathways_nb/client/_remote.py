@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import operator
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -189,6 +190,13 @@ class RemoteArray:
         if self._host is None:
             self._check_usable()
             self._host = self._client._prefetch(self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await x`` is its value (as ``x.fetch()``), fetched in the background so the
+        event loop keeps running: in a notebook cell or an asyncio program,
+        ``loss, acc = await asyncio.gather(loss, acc)``. Its program's error is raised."""
+        self.copy_to_host_async()
+        return asyncio.wrap_future(cast("Future[Any]", self._host)).__await__()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         # A fetched value is a read-only view of the bytes that arrived (as np.asarray
