@@ -26,7 +26,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "core": ([], ["--repeats", "1", "--calls", "64", "--roundtrips", "8"]),
     "mpmd": ([], ["--quick"]),
     "widgets": ([], ["--steps", "32", "--repeats", "1"]),
-    "memory": ([], ["--programs", "2000", "--checkpoint", "500"]),
+    "memory": ([], ["--programs", "2000", "--checkpoint", "500", "--distinct", "40"]),
     "scale": ([], ["--quick"]),
 }
 

@@ -214,7 +214,13 @@ def _widgets(r: dict[str, Any]) -> list[Row]:
 def _memory(r: dict[str, Any]) -> list[Row]:
     g = r.get("growth_mb", {})
     text = ", ".join(f"{k} +{v:.1f} MB" for k, v in g.items()) if g else "see JSON"
-    return [("resident memory growth over the run", "", text, "", "< 50 MB")]
+    rows: list[Row] = [("resident memory growth over the run", "", text, "", "< 50 MB")]
+    d = r.get("distinct_programs")
+    if d:
+        n = r["params"]["distinct"]
+        grown = ", ".join(f"{k} +{v:.1f} MB" for k, v in d["growth_mb"].items())
+        rows.append((f"memory over {n} programs traced anew, second half", "", grown, "", ""))
+    return rows
 
 
 def _scale(r: dict[str, Any]) -> list[Row]:
