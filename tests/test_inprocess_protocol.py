@@ -97,6 +97,28 @@ def test_garbage_to_every_socket_gets_errors_and_everyone_keeps_working(
     assert cluster.controller.statistics().live_hosts == 2
 
 
+def test_a_bad_weight_is_refused_at_once_by_the_client_and_by_the_controller(
+    cluster: pw.InProcessCluster,
+) -> None:
+    # The controller raised inside its hello, registered half a tenant and never
+    # answered: the client waited its 30 s out. NaN would have broken the scheduler's
+    # order for every tenant.
+    for weight in (-1.0, 0, float("nan"), float("inf"), "3", True):
+        with pytest.raises(ValueError, match=r"a finite number > 0; got"):
+            pw.Client(cluster, weight=weight)  # type: ignore[arg-type]
+    tenants = len(cluster.controller.tenants.by_id)
+    sock = _raw_dealer(cluster.context, cluster.controller.client_address)
+    for weight in (-1.0, "heavy", None):
+        hello = {"t": "hello", "role": "client", "rid": 1, "weight": weight}
+        sock.send_multipart([msgpack.packb({**hello, "versions": local_versions().to_dict()})])
+        reply = msgpack.unpackb(sock.recv_multipart()[0])
+        assert reply["t"] == "refuse" and "a finite number > 0" in reply["reason"], reply
+    sock.close(0)
+    assert len(cluster.controller.tenants.by_id) == tenants
+    with pw.Client(cluster, weight=np.float32(2.5)) as client:  # NumPy numbers are numbers
+        assert client.status().tenants.set_index("tenant").weight[client.tenant] == 2.5
+
+
 def test_oversized_message_is_refused_with_a_reason() -> None:
     with pw.InProcessCluster(1, 2, config=Config(max_control_message=1024)) as c:
         sock = _raw_dealer(c.context, c.controller.client_address)

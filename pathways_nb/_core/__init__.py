@@ -33,6 +33,7 @@ from pathways_nb._core._specs import (
     encode_spec,
     entry_axes,
     validate_mesh_shape,
+    validate_weight,
 )
 from pathways_nb._core._versions import Versions, local_versions
 
@@ -68,4 +69,5 @@ __all__ = [
     "machine_memory",
     "on_this_machine",
     "validate_mesh_shape",
+    "validate_weight",
 ]

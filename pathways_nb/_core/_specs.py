@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,18 @@ def encode_mesh(shape: Mapping[str, int]) -> list[list[Any]]:
 def decode_mesh(encoded: Sequence[Sequence[Any]]) -> dict[str, int]:
     """The inverse of :func:`encode_mesh`."""
     return {str(k): int(v) for k, v in encoded}
+
+
+def validate_weight(weight: Any) -> float:
+    """Check a tenant's weight (its share of contended islands): a finite number > 0."""
+    ok = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+    if not ok or not math.isfinite(weight) or weight <= 0:
+        raise ValueError(
+            "a tenant's weight is its share of contended islands against other tenants' "
+            f"(weight 2 gets twice the device time of weight 1): a finite number > 0; got "
+            f"{weight!r}"
+        )
+    return float(weight)
 
 
 def validate_mesh_shape(shape: Any) -> dict[str, int]:

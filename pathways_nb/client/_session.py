@@ -33,6 +33,7 @@ from pathways_nb._core import (
     encode_spec,
     local_versions,
     validate_mesh_shape,
+    validate_weight,
 )
 from pathways_nb.client._direct import DirectChannels, RequestFailed
 from pathways_nb.client._discovery import address_from_file, ask_scheduler
@@ -82,6 +83,7 @@ class Client(ProgramCalls):
         scheduler_file: str | os.PathLike[str] | None = None,
     ) -> None:
         adopt: Callable[[Client], None] | None = None
+        weight = validate_weight(weight)
         if scheduler_file is not None:
             if address is not None:
                 raise ValueError("give pw.Client an address or a scheduler_file, not both")

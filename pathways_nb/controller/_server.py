@@ -28,6 +28,7 @@ from pathways_nb._core import (
     Versions,
     default_config,
     local_versions,
+    validate_weight,
 )
 from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._hosts import HostMessages
@@ -349,7 +350,12 @@ class Controller(ClientRequests, HostMessages):
         if why is not None:
             self._send_client(identity, {"t": "refuse", "rid": rid, "reason": why})
             return
-        t = self.tenants.add(identity, str(h.get("name") or ""), float(h.get("weight") or 1.0))
+        try:
+            weight = validate_weight(h.get("weight", 1.0))
+        except ValueError as exc:
+            self._send_client(identity, {"t": "refuse", "rid": rid, "reason": str(exc)})
+            return
+        t = self.tenants.add(identity, str(h.get("name") or ""), weight)
         self.scheduler.set_weight(t.tenant, t.weight)
         self.events.add("tenant_join", t.tenant, detail=t.name)
         self._send_client(
