@@ -186,6 +186,11 @@ def test_allocate_errors_say_what_is_free(client: pw.Client) -> None:
         client.allocate({})
     with pytest.raises(ValueError, match="positive integers"):
         client.allocate({"data": 0})
+    with pytest.raises(TypeError, match="a slice's name is a string"):
+        client.allocate({"data": 1}, name=123)  # type: ignore[arg-type]
+    numpy_sized = client.allocate({"data": np.int64(1)})  # as jax.make_mesh takes them
+    assert numpy_sized.mesh_shape == {"data": 1} and type(numpy_sized.mesh_shape["data"]) is int
+    numpy_sized.release()
     vs = client.allocate({"data": 2}, name="train")
     with pytest.raises(ValueError, match="already has an active slice named 'train'"):
         client.allocate({"data": 2}, name="train")

@@ -374,6 +374,16 @@ def test_a_none_in_out_shardings_leaves_the_layout_to_the_compiler(client: pw.Cl
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_jit_arguments_of_the_wrong_kind_are_named() -> None:
+    with pytest.raises(TypeError, match=r"static_argnums takes argument positions.*argnames"):
+        pw.jit(lambda a: a, static_argnums="a")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"donate_argnums takes argument positions.*got \(0.5,\)"):
+        pw.jit(lambda a: a, donate_argnums=(0.5,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name= is a string; got int"):
+        pw.jit(lambda a: a, name=5)  # type: ignore[arg-type]
+    assert pw.jit(lambda a, b: a, static_argnums=np.int64(1)).static_argnums == (1,)
+
+
 def test_shardings_naming_other_axes_and_remote_static_arguments_are_named(
     client: pw.Client,
 ) -> None:

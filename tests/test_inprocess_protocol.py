@@ -106,7 +106,12 @@ def test_a_bad_weight_is_refused_at_once_by_the_client_and_by_the_controller(
     for weight in (-1.0, 0, float("nan"), float("inf"), "3", True):
         with pytest.raises(ValueError, match=r"a finite number > 0; got"):
             pw.Client(cluster, weight=weight)  # type: ignore[arg-type]
-    tenants = len(cluster.controller.tenants.by_id)
+    observer = cluster.client()
+
+    def tenants() -> set[int]:
+        return set(observer.status().tenants.tenant)
+
+    before = tenants()
     sock = _raw_dealer(cluster.context, cluster.controller.client_address)
     for weight in (-1.0, "heavy", None):
         hello = {"t": "hello", "role": "client", "rid": 1, "weight": weight}
@@ -114,9 +119,23 @@ def test_a_bad_weight_is_refused_at_once_by_the_client_and_by_the_controller(
         reply = msgpack.unpackb(sock.recv_multipart()[0])
         assert reply["t"] == "refuse" and "a finite number > 0" in reply["reason"], reply
     sock.close(0)
-    assert len(cluster.controller.tenants.by_id) == tenants
+    assert tenants() <= before  # no half-made tenant
+    observer.close()
     with pw.Client(cluster, weight=np.float32(2.5)) as client:  # NumPy numbers are numbers
         assert client.status().tenants.set_index("tenant").weight[client.tenant] == 2.5
+
+
+def test_a_request_with_a_bad_field_hears_why_at_once(cluster: pw.InProcessCluster) -> None:
+    """The error names the field and carries the request's id, so the request fails now
+    (it timed out after 60 s, the reason only in the client's log)."""
+    sock = _raw_dealer(cluster.context, cluster.controller.client_address)
+    assert _hello(sock)["t"] == "welcome"
+    bad = {"t": "allocate", "rid": 7, "mesh": [["x", 1]], "name": 123}
+    sock.send_multipart([msgpack.packb(bad)])
+    reply = msgpack.unpackb(sock.recv_multipart()[0])
+    assert reply["t"] == "error" and reply["rid"] == 7, reply
+    assert "field 'name' must be str/NoneType; got int" in reply["message"]
+    sock.close(0)
 
 
 def test_oversized_message_is_refused_with_a_reason() -> None:

@@ -79,9 +79,9 @@ def validate_mesh_shape(shape: Any) -> dict[str, int]:
     for name, size in shape.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"mesh axis names must be identifiers; got {name!r} in {shape!r}")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 1:
             raise ValueError(
                 f"mesh axis sizes must be positive integers; got {name}={size!r} in {shape!r}"
             )
-        out[name] = size
+        out[name] = int(size)  # NumPy integers too, as jax.make_mesh takes them
     return out

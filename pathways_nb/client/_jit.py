@@ -64,12 +64,18 @@ def _spec_of(sharding: Any) -> PartitionSpec | None:
     )
 
 
-def _norm_argnums(x: int | Sequence[int] | None) -> tuple[int, ...]:
+def _norm_argnums(x: int | Sequence[int] | None, what: str = "argnums") -> tuple[int, ...]:
     if x is None:
         return ()
-    if isinstance(x, int):
-        return (x,)
-    return tuple(int(i) for i in x)
+    items = (x,) if isinstance(x, int | np.integer) else x
+    if isinstance(items, str) or not all(
+        isinstance(i, int | np.integer) and not isinstance(i, bool) for i in items
+    ):
+        raise TypeError(
+            f"{what} takes argument positions (an int or a sequence of ints); got {x!r}"
+            + (f" (for parameter names, use {what[:-4]}names)" if isinstance(x, str) else "")
+        )
+    return tuple(int(i) for i in items)
 
 
 class RemoteFunction:
@@ -90,11 +96,13 @@ class RemoteFunction:
     ) -> None:
         if not callable(fun):
             raise TypeError(f"pw.jit expects a function; got {type(fun).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"pw.jit's name= is a string; got {type(name).__name__}")
         self.fun = fun
         self.name: str = name or str(getattr(fun, "__name__", "program"))
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
-        self.static_argnums = _norm_argnums(static_argnums)
+        self.static_argnums = _norm_argnums(static_argnums, "static_argnums")
         self.static_argnames = (
             (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames or ())
         )
@@ -123,7 +131,7 @@ class RemoteFunction:
     ) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The donated positions and names. As in jax.jit, either one given alone implies
         the other through the function's signature."""
-        nums = _norm_argnums(argnums)
+        nums = _norm_argnums(argnums, "donate_argnums")
         names = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
         params = list(self._signature.parameters.values()) if self._signature else []
         positional = [

@@ -84,6 +84,8 @@ class Client(ProgramCalls):
     ) -> None:
         adopt: Callable[[Client], None] | None = None
         weight = validate_weight(weight)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"timeout is seconds to wait for the controller, > 0; got {timeout!r}")
         if scheduler_file is not None:
             if address is not None:
                 raise ValueError("give pw.Client an address or a scheduler_file, not both")
@@ -232,6 +234,8 @@ class Client(ProgramCalls):
     def allocate(self, mesh: dict[str, int], name: str | None = None) -> VirtualSlice:
         """A virtual slice of shape ``mesh`` (e.g. ``{"data": 4}``) on one island."""
         shape = validate_mesh_shape(mesh)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"a slice's name is a string (or None); got {type(name).__name__}")
         try:
             h = self._ask({"t": "allocate", "mesh": encode_mesh(shape), "name": name})
         except BusyError as exc:

@@ -295,11 +295,15 @@ class Controller(ClientRequests, HostMessages):
     # clients ------------------------------------------------------------------------
     def _on_client_frames(self, frames: list[Any]) -> None:
         identity = peer_id(frames[0])
+        header: Any = None
         try:
             msg = decode(frames[1:], self.config.max_control_message)
-            kind = check(msg.header, _CLIENT_TYPES)
+            header = msg.header
+            kind = check(header, _CLIENT_TYPES)
         except ProtocolError as exc:
-            self._send_client(identity, error_header(str(exc)))
+            # A request with a valid id hears why at once instead of timing out.
+            rid = header.get("rid") if isinstance(header, dict) else None
+            self._send_client(identity, error_header(str(exc), rid))
             return
         t = self.tenants.by_identity.get(identity)
         if kind == "hello":
@@ -320,7 +324,8 @@ class Controller(ClientRequests, HostMessages):
                         raise ProtocolError("batch entries must be maps")
                     sk = check(sub, _BATCHABLE)
                 except ProtocolError as exc:
-                    self._send_client(identity, error_header(str(exc)))
+                    rid = sub.get("rid") if isinstance(sub, dict) else None
+                    self._send_client(identity, error_header(str(exc), rid))
                     continue
                 self._client_message(t, sk, sub, [])
             return
