@@ -208,6 +208,11 @@ def test_two_pipelines_crossing_islands_in_opposite_order_finish(
         c2.close()
 
 
+def test_graph_of_something_not_callable_says_what_it_takes(client: pw.Client) -> None:
+    with pytest.raises(TypeError, match=r"client.graph takes the step to trace.*got int"):
+        client.graph(123)  # type: ignore[arg-type]
+
+
 def test_the_dataflow_graph_is_built_from_shapes_and_nothing_runs(client: pw.Client) -> None:
     a = client.allocate({"x": 2})
     b = client.allocate({"x": 2})

@@ -191,6 +191,10 @@ def test_pipeline_arguments_of_the_wrong_kind_are_named(slices: list[pw.VirtualS
         pw.pipeline(stages, slices, None, opt)
     with pytest.raises(TypeError, match=r"microbatches is a count, an int >= 1; got 2.5"):
         pw.pipeline(stages, slices, mse, opt, microbatches=2.5)
+    with pytest.raises(TypeError, match=r"batch_spec is a PartitionSpec.*got 'data'"):
+        pw.pipeline(stages, slices, mse, opt, batch_spec="data")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"remat is True or False; got 'yes'"):
+        pw.pipeline(stages, slices, mse, opt, remat="yes")  # type: ignore[arg-type]
     step = pw.pipeline(stages, slices, mse, opt, microbatches=np.int64(8))
     names = [vs.name for vs in slices]
     assert repr(step) == (

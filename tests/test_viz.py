@@ -56,6 +56,12 @@ def test_parse_duration() -> None:
         parse_duration("five seconds")
 
 
+def test_a_timeline_window_must_be_positive(ran: pw.Client) -> None:
+    for last in (-5, 0, "5s"):
+        with pytest.raises(ValueError, match=r"last is a window in seconds, > 0"):
+            TimelineWidget(ran, last=last, live=False)  # type: ignore[arg-type]
+
+
 def test_the_trace_is_valid_trace_event_json(ran: pw.Client, tmp_path: Path) -> None:
     doc = trace_events(ran.events())
     events = doc["traceEvents"]

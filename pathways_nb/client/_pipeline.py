@@ -181,7 +181,7 @@ class Pipeline:
         reduce_grads: str = "microbatch",
         extra_warmup: int = 0,
     ) -> None:
-        _check_arguments(stages, slices, loss_fn, optimizer, microbatches)
+        _check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
         self.stages = list(stages)
         self.slices = list(slices)
         self.microbatches = microbatches
@@ -408,7 +408,13 @@ class Pipeline:
 
 
 def _check_arguments(
-    stages: Sequence[Any], slices: Sequence[Any], loss_fn: Any, optimizer: Any, microbatches: Any
+    stages: Sequence[Any],
+    slices: Sequence[Any],
+    loss_fn: Any,
+    optimizer: Any,
+    microbatches: Any,
+    batch_spec: Any = None,
+    remat: Any = False,
 ) -> None:
     """Refuse what cannot make a pipeline before anything is traced, saying what to pass."""
     from pathways_nb.client._slice import VirtualSlice
@@ -441,6 +447,13 @@ def _check_arguments(
         )
     if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)):
         raise TypeError(f"microbatches is a count, an int >= 1; got {microbatches!r}")
+    if batch_spec is not None and not isinstance(batch_spec, PartitionSpec):
+        raise TypeError(
+            "batch_spec is a PartitionSpec over the slices' axes for each microbatch, e.g. "
+            f"PartitionSpec('data'); got {batch_spec!r}"
+        )
+    if not isinstance(remat, bool):
+        raise TypeError(f"remat is True or False; got {remat!r}")
 
 
 def _row_axes(batch_spec: PartitionSpec, reduce_grads: str) -> Any:

@@ -520,6 +520,11 @@ class Client(ProgramCalls):
         >>> g.nodes, g.edges, g.to_dot()
         """
         self._check_open()
+        if not callable(fn):
+            raise TypeError(
+                "client.graph takes the step to trace and its arguments, e.g. "
+                f"client.graph(step, params, batch); got {type(fn).__name__} for the step"
+            )
         return trace_graph(self, fn, *args, **kwargs)
 
     def record(self, name: str = "step") -> Recording:

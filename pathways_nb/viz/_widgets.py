@@ -88,7 +88,9 @@ class _Live(anywidget.AnyWidget):
 
     def close(self) -> None:
         self._closed = True
-        self._refresher.stop()
+        refresher = getattr(self, "_refresher", None)  # absent if __init__ refused its input
+        if refresher is not None:
+            refresher.stop()
         super().close()
 
     def _fallback_html(self) -> str:
@@ -120,6 +122,10 @@ class TimelineWidget(_Live):
         interval: float = 1.0,
         max_rows: int = 1000,
     ) -> None:
+        if last is not None and (
+            isinstance(last, bool) or not isinstance(last, int | float) or not last > 0
+        ):
+            raise ValueError(f"last is a window in seconds, > 0 (None: all the log); got {last!r}")
         self.last = last
         self.max_rows = max_rows
         self._cursor = 0
