@@ -48,6 +48,32 @@ def test_encode_on_one_island_decode_on_another(client: pw.Client) -> None:
     assert f"{6 * 16 * 4} B" in ev["detail"]
 
 
+def test_put_of_a_remote_array_moves_it_host_to_host_as_device_put_does(
+    client: pw.Client,
+) -> None:
+    """vs.put(x) of an array on another slice went through the client (a fetch, then a
+    put); it is a transfer between the hosts, and a new array the caller owns."""
+    a = client.allocate({"x": 2})
+    b = client.allocate({"y": 2})
+    v = np.arange(8, dtype=np.float32).reshape(4, 2)
+    x = a.put(v, P("x"))
+    columns = b.put(x, P(None, "y"))
+    again = b.put(x, P(None, "y"))
+    assert columns is not again and columns.slice is b and columns.spec == P(None, "y")
+    np.testing.assert_array_equal(np.asarray(columns), v)
+    evs = _transfer_events(client)
+    assert len(evs) == 2 and all(ev["host"] == b.host for ev in evs), evs
+    assert all(f"{v.nbytes} B" in ev["detail"] for ev in evs), evs
+    columns.delete()
+    np.testing.assert_array_equal(np.asarray(again), v)  # its own array
+    # On x's own slice: a new array in the asked layout, as jax.device_put reshards.
+    whole = a.put(x, P())
+    assert whole is not x and whole.spec == P() and x.spec == P("x")
+    np.testing.assert_array_equal(np.asarray(whole), v)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        b.put(x[:3], P("y"))
+
+
 @pytest.mark.parametrize(
     ("src_mesh", "src_spec", "dst_mesh", "dst_spec"),
     [

@@ -194,9 +194,12 @@ class ProgramCalls:
             rec.moved(x, copy, copy._lid)
         return copy
 
-    def _move(self, x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> RemoteArray:
+    def _move(
+        self, x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None, cached: bool = True
+    ) -> RemoteArray:
         """A copy of ``x`` on slice ``vs``, sent host to host; it is made once per
-        (slice, sharding) and lives as long as ``x``.
+        (slice, sharding) and lives as long as ``x`` (``cached=False``: a new one, for an
+        explicit put, which its caller owns).
 
         Without a sharding from the consumer, the copy keeps ``x``'s PartitionSpec where
         the destination mesh has those axes and is replicated otherwise.
@@ -205,7 +208,7 @@ class ProgramCalls:
         spec = _moved_spec(x, vs, spec)
         key = (vs.id, spec)
         copies = x._copies
-        if copies is not None:
+        if copies is not None and cached:
             done = copies.get(key)
             if done is not None and not done._deleted:
                 return done
@@ -228,9 +231,10 @@ class ProgramCalls:
         out = RemoteArray(
             self._as_client(), dst, x.shape, x.dtype, NamedSharding(vs.abstract_mesh, spec), vs, lid
         )
-        if copies is None:
-            copies = x._copies = {}
-        copies[key] = out
+        if cached:
+            if copies is None:
+                copies = x._copies = {}
+            copies[key] = out
         return out
 
     def _register(self, prog: Program, vs: VirtualSlice) -> None:

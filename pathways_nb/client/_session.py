@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import jax
 import numpy as np
@@ -39,7 +39,7 @@ from pathways_nb.client._direct import DirectChannels, RequestFailed
 from pathways_nb.client._discovery import address_from_file, ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
-from pathways_nb.client._jit import RemoteFunction, _is_remote
+from pathways_nb.client._jit import RemoteFunction, _is_remote, jit
 from pathways_nb.client._prefetch import Prefetcher
 from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
@@ -313,6 +313,8 @@ class Client(ProgramCalls):
         spec = PartitionSpec() if spec is None else spec
         if not isinstance(spec, PartitionSpec):
             raise TypeError(f"put takes a PartitionSpec over the slice's axes; got {spec!r}")
+        if isinstance(value, RemoteArray):
+            return self._put_remote(vs, value, spec)
         header: dict[str, Any] = {}
         dtype: Any
         if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
@@ -366,6 +368,28 @@ class Client(ProgramCalls):
     def _prefetch(self, x: RemoteArray) -> Any:
         self._check_open()
         return self._prefetcher.submit(x)
+
+    def _put_remote(self, vs: VirtualSlice, x: RemoteArray, spec: PartitionSpec) -> RemoteArray:
+        """``vs.put(x, spec)`` of an array already on a slice, as ``jax.device_put`` of a
+        ``jax.Array``: a new array laid out by ``spec``, moved host to host (or, on x's
+        own slice, resharded there), never through this client."""
+        x._check_usable()
+        if x._client is not self:
+            raise ValueError(
+                f"put of an array on slice {x.slice.name!r} of another pw.Client (tenant "
+                f"{x._client.tenant}): fetch it there and put the value"
+            )
+        vs.check_spec(spec, x.shape)
+        if x.slice is vs:
+            key = ("put", vs.id, spec)
+            f = self._ops.get(key)
+            if f is None:
+                f = self._ops[key] = jit(
+                    _same, slice=vs, name="put", in_shardings=None, out_shardings=spec
+                )
+            return cast(RemoteArray, f(x))
+        x.slice.check_active()
+        return self._move(x, vs, spec, cached=False)
 
     def _fetch_one(self, x: RemoteArray) -> Any:
         return self._fetch_values([x])[0]
@@ -632,3 +656,7 @@ def fetch(tree: Any) -> Any:
     if not leaves:
         return tree
     return leaves[0]._client.fetch(tree)
+
+
+def _same(v: Any) -> Any:
+    return v
