@@ -251,8 +251,6 @@ class RemoteArray:
         """The value's bytes (fetched), as ``jax.Array.tobytes``."""
         return np.asarray(self).tobytes(order=order)
 
-    # copy.copy and copy.deepcopy give a new array on the slice, as they do for a
-    # jax.Array (a snapshot of parameters with copy.deepcopy(params) stays remote).
     def compress(self, condition: Any, axis: int | None = None) -> RemoteArray:
         """The entries (or slices along ``axis``) where ``condition`` is true, as
         ``jax.Array.compress`` with a concrete condition (a RemoteArray one is read)."""
@@ -273,6 +271,8 @@ class RemoteArray:
         """A new array with the same value on the slice, as ``jax.Array.clone``."""
         return self.copy()  # type: ignore[attr-defined]
 
+    # copy.copy and copy.deepcopy give a new array on the slice, as they do for a
+    # jax.Array (a snapshot of parameters with copy.deepcopy(params) stays remote).
     def __copy__(self) -> RemoteArray:
         return self.copy()  # type: ignore[attr-defined]
 
