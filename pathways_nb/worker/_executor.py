@@ -80,7 +80,6 @@ class Executor:
         # launch needs, found with one lookup once its program is compiled here. As many
         # as the host keeps executables, the least recently launched dropped first.
         self._plans: collections.OrderedDict[tuple[Any, ...], _Plan] = collections.OrderedDict()
-        self._max_plans = executables
         self._threads: list[threading.Thread] = []
         self._launches = 0
         self._failures = 0
@@ -603,7 +602,7 @@ class Executor:
                     ) from None
                 need = program_bytes(fn, len(h["devices"]))
                 plan = self._plans[key] = (prog, fn, donate, need)
-                if len(self._plans) > self._max_plans:
+                if len(self._plans) > self.programs.max_executables:
                     self._plans.popitem(last=False)
         except Exception as exc:
             self._failed(h, exc, name, sname, t0)
