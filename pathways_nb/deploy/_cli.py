@@ -20,11 +20,12 @@ def _parser() -> argparse.ArgumentParser:
         "island, print the address that pw.Client takes, and keep them up until SIGINT or "
         "SIGTERM. Several kernels connecting to it are tenants of one cluster.",
     )
-    cluster.add_argument("--islands", type=int, default=2)
+    cluster.add_argument("--islands", type=int, default=2, help="islands, a worker host each")
     cluster.add_argument("--devices", type=int, default=4, help="devices per island")
     cluster.add_argument(
         "--platform",
         default="cpu",
+        choices=("cpu", "auto"),
         help="'cpu' simulates the devices (default); 'auto' lets each host use the "
         "accelerators it finds",
     )
