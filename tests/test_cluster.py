@@ -570,3 +570,29 @@ def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -
         pw.Client(scheduler_file=tmp_path / "nowhere.json")
     with pytest.raises(ValueError, match="an address or a scheduler_file, not both"):
         pw.Client("tcp://127.0.0.1:1", scheduler_file=sched_file)
+
+
+def _lan_address() -> str | None:
+    """An IPv4 address of this machine other than loopback, if it has one."""
+    import socket
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return str(a.address)
+    return None
+
+
+def test_a_cluster_listens_on_the_address_it_is_given() -> None:
+    with pytest.raises(ValueError, match=r"host is the address .* got '0.0.0.0'"):
+        pw.LocalCluster(1, 1, host="0.0.0.0")
+    ip = _lan_address()
+    if ip is None:
+        pytest.skip("this machine has no address besides loopback")
+    with pw.LocalCluster(1, 1, dashboard=False, host=ip) as cluster:
+        assert cluster.scheduler_address.startswith(f"tcp://{ip}:")
+        with pw.Client(cluster.scheduler_address) as client:
+            assert all(h.startswith(f"tcp://{ip}:") for h in client.status().islands.host)
+            vs = client.allocate({"x": 1})
+            v = np.arange(4, dtype=np.float32)
+            np.testing.assert_array_equal(np.asarray(vs.put(v) * 2), v * 2)

@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         help="write the addresses here as JSON once every host is up (removed on exit)",
     )
     cluster.add_argument("--no-dashboard", action="store_true", help="no Dask dashboard")
+    cluster.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on: 127.0.0.1 (default) serves this machine only; this "
+        "machine's IP serves clients on other machines too",
+    )
     status = sub.add_parser("status", help="print a running cluster's islands, slices and tenants")
     status.add_argument("address", nargs="?", help="the Dask scheduler address, tcp://host:port")
     status.add_argument("--scheduler-file", help="read the address from this file instead")
@@ -60,12 +66,18 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, label) < 1:
                 parser.error(f"--{label} must be a positive integer; got {getattr(args, label)}")
         platform = None if args.platform == "auto" else args.platform
+        if args.host in ("", "0.0.0.0", "::"):
+            parser.error(
+                f"--host is an address the cluster's processes are reached at, such as this "
+                f"machine's IP; got {args.host!r}"
+            )
         return serve(
             args.islands,
             args.devices,
             platform=platform,
             scheduler_file=args.scheduler_file,
             dashboard=not args.no_dashboard,
+            host=args.host,
         )
     if args.command == "status":
         from pathways_nb._core import PathwaysError

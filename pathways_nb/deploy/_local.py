@@ -63,7 +63,9 @@ class LocalCluster:
     ...     client = pw.Client(cluster)
 
     ``platform="cpu"`` (the default) simulates devices with XLA's host platform;
-    ``platform=None`` lets each worker use the accelerators it finds.
+    ``platform=None`` lets each worker use the accelerators it finds. ``host`` is the
+    address every process listens on: 127.0.0.1 (the default) serves this machine only;
+    this machine's IP lets clients on other machines connect.
     """
 
     def __init__(
@@ -75,10 +77,17 @@ class LocalCluster:
         dashboard: bool = True,
         env: dict[str, str] | None = None,
         timeout: float = 120.0,
+        host: str = "127.0.0.1",
     ) -> None:
         for label, value in (("islands", islands), ("devices_per_island", devices_per_island)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{label} must be a positive integer; got {value!r}")
+        if not isinstance(host, str) or not host or host in ("0.0.0.0", "::"):
+            raise ValueError(
+                "host is the address this machine's processes listen on and others reach "
+                f"them at, such as 127.0.0.1 (the default) or this machine's IP; got {host!r}"
+            )
+        self.host = host
         self.islands = islands
         self.devices_per_island = devices_per_island
         self.platform = platform
@@ -125,11 +134,11 @@ class LocalCluster:
                 "-m",
                 "distributed.cli.dask_scheduler",
                 "--host",
-                "127.0.0.1",
+                self.host,
                 "--port",
                 "0",
                 "--dashboard-address",
-                "127.0.0.1:0" if dashboard else ":0",
+                f"{self.host}:0" if dashboard else ":0",
                 *([] if dashboard else ["--no-dashboard"]),
                 "--scheduler-file",
                 sched_file,
@@ -154,7 +163,7 @@ class LocalCluster:
         self.scheduler_address = info["address"]
         port = info.get("services", {}).get("dashboard")
         if dashboard and port:
-            self.dashboard_link = f"http://127.0.0.1:{port}/status"
+            self.dashboard_link = f"http://{self.host}:{port}/status"
         wenv = self._base_env()
         if self.platform == "cpu":
             wenv["JAX_PLATFORMS"] = "cpu"
@@ -181,7 +190,7 @@ class LocalCluster:
                     "20",
                     "--no-dashboard",
                     "--host",
-                    "127.0.0.1",
+                    self.host,
                     "--preload",
                     "pathways_nb.deploy.worker",
                     "--preload-nanny",

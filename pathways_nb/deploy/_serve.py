@@ -50,6 +50,7 @@ def serve(
     platform: str | None = "cpu",
     scheduler_file: str | None = None,
     dashboard: bool = True,
+    host: str = "127.0.0.1",
     out: IO[str] = sys.stdout,
     poll: float = 0.5,
 ) -> int:
@@ -62,7 +63,7 @@ def serve(
     """
     stop = threading.Event()
     with _stop_on_signals(stop):
-        cluster = LocalCluster(islands, devices, platform=platform, dashboard=dashboard)
+        cluster = LocalCluster(islands, devices, platform=platform, dashboard=dashboard, host=host)
         try:
             info = {
                 "address": cluster.scheduler_address,
