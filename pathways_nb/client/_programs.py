@@ -14,16 +14,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import ClosedError, decode_spec, donated_twice, encode_spec
 from pathways_nb.client import _graph
+from pathways_nb.client._indexing import Dynamic, fill_index, split_index, static_key
 from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
-from pathways_nb.client._remote import (
-    Dynamic,
-    RemoteArray,
-    fill_index,
-    split_index,
-    static_key,
-)
+from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 
 if TYPE_CHECKING:

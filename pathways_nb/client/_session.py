@@ -8,13 +8,11 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, cast
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import jax
-import numpy as np
 import zmq
-from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import (
     BrokenError,
@@ -25,35 +23,29 @@ from pathways_nb._core import (
     PathwaysError,
     RemoteError,
     VersionMismatchError,
-    as_bytes,
-    check_fits,
-    decode_dtype,
-    encode_dtype,
     encode_mesh,
-    encode_spec,
     local_versions,
     validate_mesh_shape,
     validate_weight,
 )
-from pathways_nb.client._direct import DirectChannels, RequestFailed
+from pathways_nb.client._arrays import ArrayIO
+from pathways_nb.client._direct import DirectChannels
 from pathways_nb.client._discovery import address_from_file, ask_scheduler
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
-from pathways_nb.client._jit import RemoteFunction, _is_remote, jit
+from pathways_nb.client._jit import RemoteFunction, _is_remote
 from pathways_nb.client._prefetch import Prefetcher
-from pathways_nb.client._programs import ProgramCalls
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import EventRows, Status, epoch_seconds, events_frame
 
-_LOCAL_LID = 0
 # Every client of this process that has not been closed: an allocation refused for want
 # of devices names those holding slices on the same controller (a notebook cell that
 # made a client, run again, leaves the earlier one holding its slices).
 _OPEN: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
-class Client(ProgramCalls):
+class Client(ArrayIO):
     """A session with a pathways controller.
 
     >>> with pw.LocalCluster(islands=2, devices_per_island=4) as cluster:
@@ -306,201 +298,6 @@ class Client(ProgramCalls):
     def slices(self) -> list[VirtualSlice]:
         return [s for s in self._slices.values() if s.state == "active"]
 
-    # arrays ---------------------------------------------------------------------------
-    def _put(self, vs: VirtualSlice, value: Any, spec: PartitionSpec | None) -> RemoteArray:
-        self._check_open()
-        vs.check_active()
-        spec = PartitionSpec() if spec is None else spec
-        if not isinstance(spec, PartitionSpec):
-            raise TypeError(f"put takes a PartitionSpec over the slice's axes; got {spec!r}")
-        if isinstance(value, RemoteArray):
-            return self._put_remote(vs, value, spec)
-        header: dict[str, Any] = {}
-        dtype: Any
-        if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            header["key_impl"] = str(jax.random.key_impl(value))
-            dtype = value.dtype
-            shape = value.shape
-            data = np.asarray(jax.random.key_data(value), order="C")
-        else:
-            # A view where it can be, so that its size is checked before anything is copied.
-            data = np.asarray(value)
-            self._check_put_fits(vs, data.nbytes)
-            data = np.asarray(data, order="C")
-            if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
-                raise TypeError(
-                    f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
-                    f"types included); got dtype {data.dtype}"
-                )
-            if jax.dtypes.itemsize_bits(data.dtype) < 8:
-                raise TypeError(
-                    f"put does not take sub-byte dtypes such as {data.dtype}: a program "
-                    "exported for the hosts cannot take them as arguments. Put the values "
-                    "as int8 (or uint8) and convert inside the program."
-                )
-            # As jax.device_put does: without x64, 64-bit types become their 32-bit kin.
-            canonical = jax.dtypes.canonicalize_dtype(data.dtype)
-            if canonical != data.dtype:
-                data = data.astype(canonical)
-            dtype, shape = data.dtype, data.shape
-        vs.check_spec(spec, shape)
-        handle = self._ids.next()
-        header.update(
-            {
-                "t": "put",
-                "handle": handle,
-                "shape": list(data.shape),
-                "dtype": encode_dtype(data.dtype),
-                "spec": encode_spec(spec),
-                "devices": vs.devices,
-                "mesh": encode_mesh(vs.mesh_shape),
-            }
-        )
-        self._io.send_batched(
-            {"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": data.nbytes}
-        )
-        fut = self._io.host_request(vs.data_address, header, [as_bytes(data)])
-        fut.add_done_callback(lambda f: self._put_done(f, handle))
-        return RemoteArray(
-            self, handle, shape, dtype, NamedSharding(vs.abstract_mesh, spec), vs, _LOCAL_LID
-        )
-
-    def _prefetch(self, x: RemoteArray) -> Any:
-        self._check_open()
-        return self._prefetcher.submit(x)
-
-    def _put_remote(self, vs: VirtualSlice, x: RemoteArray, spec: PartitionSpec) -> RemoteArray:
-        """``vs.put(x, spec)`` of an array already on a slice, as ``jax.device_put`` of a
-        ``jax.Array``: a new array laid out by ``spec``, moved host to host (or, on x's
-        own slice, resharded there), never through this client."""
-        x._check_usable()
-        if x._client is not self:
-            raise ValueError(
-                f"put of an array on slice {x.slice.name!r} of another pw.Client (tenant "
-                f"{x._client.tenant}): fetch it there and put the value"
-            )
-        vs.check_spec(spec, x.shape)
-        if x.slice is vs:
-            key = ("put", vs.id, spec)
-            f = self._ops.get(key)
-            if f is None:
-                f = self._ops[key] = jit(
-                    _same, slice=vs, name="put", in_shardings=None, out_shardings=spec
-                )
-            return cast(RemoteArray, f(x))
-        x.slice.check_active()
-        return self._move(x, vs, spec, cached=False)
-
-    def _fetch_one(self, x: RemoteArray) -> Any:
-        return self._fetch_values([x])[0]
-
-    @staticmethod
-    def _check_put_fits(vs: VirtualSlice, nbytes: int) -> None:
-        check_fits(
-            nbytes,
-            f"putting a {nbytes / 2**30:.2f} GiB array on slice {vs.name!r}, whose host "
-            "runs on this machine and keeps its own copy,",
-            "Put it in parts (a batch at a time) and join them on the slice in a program "
-            "(jnp.concatenate), or free memory on this machine first",
-            to=vs.data_address,
-        )
-
-    def _put_done(self, fut: Any, handle: int) -> None:
-        exc = fut.exception()
-        if isinstance(exc, RemoteError):
-            self._errors[handle] = exc
-
-    def fetch(self, tree: Any) -> Any:
-        """Values of every RemoteArray in ``tree`` (any pytree), as NumPy arrays.
-
-        They are read-only, as ``np.asarray`` of a ``jax.Array`` is (each one is a view
-        of the bytes that arrived, not a copy): ``np.array(x)`` gives one to change.
-        """
-        leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_remote)
-        remote = [x for x in leaves if isinstance(x, RemoteArray) and x._host is None]
-        values = iter(self._fetch_values(remote))
-        out = []
-        for leaf in leaves:
-            if not isinstance(leaf, RemoteArray):
-                out.append(leaf)
-            elif leaf._host is not None:  # fetched (or being fetched) in the background
-                leaf._check_usable()
-                out.append(leaf._host.result())
-            else:
-                out.append(next(values))
-        return jax.tree.unflatten(treedef, out)
-
-    def _fetch_values(self, remote: Sequence[RemoteArray]) -> list[Any]:
-        """The values of ``remote``, asked of their hosts now."""
-        if remote:
-            need = sum(x.nbytes for x in remote)
-            check_fits(
-                need,
-                f"fetching {len(remote)} array{'s' if len(remote) > 1 else ''} (the largest "
-                f"{max(remote, key=lambda x: x.nbytes)!r})",
-                "Fetch a part of it (x[:1000]), reduce it on its slice first "
-                "(x.mean(axis=0)), or keep it remote and pass it to the next program",
-            )
-        out = []
-        for h, bufs in self._request(remote, "fetch"):
-            shape, dtype = tuple(h["shape"]), decode_dtype(h["dtype"])
-            arr = (
-                np.frombuffer(bufs[0], dtype=dtype).reshape(shape)
-                if bufs
-                else np.zeros(shape, dtype)
-            )
-            arr.flags.writeable = False
-            if h.get("key_impl"):
-                out.append(jax.random.wrap_key_data(jax.numpy.asarray(arr), impl=h["key_impl"]))
-            else:
-                out.append(arr)
-        return out
-
-    def _request(self, xs: Sequence[RemoteArray], kind: str) -> list[Any]:
-        """Ask the owning hosts directly for ``kind`` ("fetch" or "wait") of each array."""
-        self._check_open()
-        for x in xs:
-            x._check_usable()
-            if x._client is not self:
-                raise ValueError("this RemoteArray belongs to another client")
-            err = self._error_of(x)
-            if err is not None:
-                raise err
-            x.slice.check_active()
-        if not xs:
-            return []
-
-        def check() -> None:
-            self._check_open()
-            for x in xs:
-                x.slice.check_active()
-
-        try:
-            replies = self._direct.request(
-                [(x.slice.data_address, {"t": kind, "handle": x.handle}) for x in xs], check
-            )
-        except KeyboardInterrupt:
-            self.cancel()
-            raise
-        except RequestFailed as failed:
-            # Known failed from now on, before the controller's (batched) notice says so:
-            # its repr reads failed and the next read raises without asking the host.
-            x = xs[failed.index]
-            self._errors[x.handle] = failed.error
-            x._ready = True
-            raise failed.error from None
-        # These arrays are computed: is_ready() need not wait for the controller's
-        # (batched) completion notice to say so.
-        for x in xs:
-            x._ready = True
-        return replies
-
-    def _wait_ready(self, xs: Sequence[RemoteArray]) -> None:
-        self._request(xs, "wait")
-
-    def _error_of(self, x: RemoteArray) -> RemoteError | None:
-        return self._errors.get(x.handle)
-
     def _is_done(self, lid: int) -> bool:
         return lid not in self._pending
 
@@ -656,7 +453,3 @@ def fetch(tree: Any) -> Any:
     if not leaves:
         return tree
     return leaves[0]._client.fetch(tree)
-
-
-def _same(v: Any) -> Any:
-    return v
