@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from jax.sharding import NamedSharding
 from pathways_nb._core import CHECK_FROM, RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._faults import Faults
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs, run_key
@@ -70,7 +70,7 @@ class Executor:
         self.programs = Programs(host, devices, executables)
         self.memory = MemoryGuard(host, enabled=all(d.platform == "cpu" for d in devices))
         self.completions.on_released = self.memory.release
-        self._faults: list[tuple[str, str]] = []
+        self._faults = Faults(host)
         # Work waiting for the dispatch thread; _busy while one item runs (on the
         # dispatch thread or inline on the socket thread), so order is kept.
         self._pending: collections.deque[Any] = collections.deque()
@@ -180,8 +180,7 @@ class Executor:
 
     def _plan(self, key: tuple[Any, ...]) -> _Plan | None:
         """The plan for a run key, marked recently used."""
-        plan = self._plans.get(key)
-        if plan is not None:
+        if (plan := self._plans.get(key)) is not None:
             self._plans.move_to_end(key)
         return plan
 
@@ -463,7 +462,7 @@ class Executor:
         self.store.drop(handles)
 
     def _do_fault(self, body: tuple[str, str]) -> None:
-        self._faults.append(body)
+        self._faults.arm(*body)
 
     def _do_fail_outputs(self, body: tuple[list[int], dict[str, Any]]) -> None:
         handles, err = body
@@ -485,13 +484,6 @@ class Executor:
             name = self.programs.name(h["pid"])
             err = to_remote(exc, "compile", program=name, slice="", host=self.host)
             self._send({"t": "host_reply", "rid": h["rid"], "error": err.to_dict()})
-
-    def _take_fault(self, name: str) -> str | None:
-        for i, (match, kind) in enumerate(self._faults):
-            if match in name:
-                del self._faults[i]
-                return kind
-        return None
 
     def _run_planned(
         self, h: dict[str, Any], plan: _Plan, entries: list[Entry], t0: float | None = None
@@ -561,16 +553,7 @@ class Executor:
             plan = self._plan(key)
             prog = plan[0] if plan is not None else self.programs.program(h["pid"])
             name = prog.name
-            fault = self._take_fault(name)
-            if fault == "crash":
-                log.error("fault injection: host %s exits now", self.host)
-                os._exit(17)
-            if fault is not None and fault.startswith("delay:"):
-                # Holds this host's queue, as a slow program would: tests use it to
-                # observe queueing, back-pressure and cancellation deterministically.
-                time.sleep(float(fault.split(":", 1)[1]))
-            elif fault is not None:
-                raise RemoteError("injected fault", kind="fault_injected")
+            self._faults.take(name)
             entries = []
             for hd in h["ins"]:
                 entry = self.store.get(hd)
@@ -589,12 +572,9 @@ class Executor:
                     fn = self.programs.executable(
                         h["pid"], self.programs.mesh(h["devices"], h["mesh"]), donate
                     )
-                    # Compiling is not running: the launch's time (the event log's
-                    # start to end, its tenant's device seconds, the gang scheduler's
-                    # cost estimate for the program) leaves it out. Counted in, a first
-                    # launch's ~0.1 s compile made the program look a hundred times
-                    # dearer than it is, and the tenant whose launches were dispatched
-                    # at that price waited while others ran thousands.
+                    # Compiling is not running: the event log, the tenant's device
+                    # seconds and the gang scheduler's cost estimate leave it out (a
+                    # first compile made a program look a hundred times dearer).
                     t0 += time.time() - compiling
                 except Exception as exc:
                     raise to_remote(
