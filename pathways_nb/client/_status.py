@@ -95,10 +95,14 @@ class Status:
 
     @property
     def summary(self) -> str:
-        """Counts of islands, devices (and those in slices), slices and tenants."""
+        """Counts of live islands, their devices (and those in slices), slices and
+        tenants. A host that died stays in the tables (``alive`` False) but is not
+        counted: its island, restarted, is counted once."""
+        live = [r for r in self.rows["islands"] if r[2]]
+        hosts = {r[1] for r in live}
         return summary_line(
-            len(self.rows["islands"]),
-            [d[3] for d in self.rows["devices"]],
+            len({r[0] for r in live}),
+            [d[3] for d in self.rows["devices"] if d[1] in hosts],
             len(self.rows["slices"]),
             len(self.rows["tenants"]),
             self.window,

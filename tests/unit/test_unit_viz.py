@@ -60,3 +60,60 @@ def test_tracker_forgets_what_fell_out_of_its_horizon() -> None:
     tr.add([list(r) for r in old + new])
     recs, _ = tr.records(last=5.0)
     assert [r["lid"] for r in recs] == [2] and recs[0]["end"] is None
+
+
+def test_a_status_summary_counts_live_islands_once_after_a_host_restarts() -> None:
+    """A host that died stays in the tables, marked not alive; the island its
+    replacement serves is counted once, with the replacement's devices."""
+    from pathways_nb.client._status import Status
+
+    def host(name: str, island: str, alive: bool, used: list[int]) -> dict:
+        return {
+            "island": island,
+            "host": name,
+            "alive": alive,
+            "platform": "cpu",
+            "process": "p",
+            "devices": [0, 1],
+            "used": used,
+        }
+
+    reply = {
+        "hosts": [
+            host("old", "island0", False, []),
+            host("new", "island0", True, [0]),
+            host("other", "island1", True, []),
+        ],
+        "slices": [
+            {
+                "slice": "s1",
+                "name": "s1",
+                "tenant": 1,
+                "mesh": {"x": 2},
+                "island": "island0",
+                "host": "old",
+                "devices": [0, 1],
+                "state": "lost",
+            },
+            {
+                "slice": "s2",
+                "name": "s2",
+                "tenant": 1,
+                "mesh": {"x": 1},
+                "island": "island0",
+                "host": "new",
+                "devices": [0],
+                "state": "active",
+            },
+        ],
+        "tenants": [],
+        "queued": {},
+        "inflight": {},
+        "events_total": 0,
+        "window": 16,
+    }
+    st = Status.from_reply(reply)
+    assert len(st.rows["islands"]) == 3  # the dead host's row stays, alive False
+    assert st.summary.startswith(
+        "pathways_nb cluster: 2 islands, 4 devices (1 in slices), 2 slices"
+    )
