@@ -113,11 +113,6 @@ class ArrayIO(ProgramCalls):
         ``jax.Array``: a new array laid out by ``spec``, moved host to host (or, on x's
         own slice, resharded there), never through this client."""
         x._check_usable()
-        if x._client is not self:
-            raise ValueError(
-                f"put of an array on slice {x.slice.name!r} of another pw.Client (tenant "
-                f"{x._client.tenant}): fetch it there and put the value"
-            )
         vs.check_spec(spec, x.shape)
         if x.slice is vs:
             key = ("put", vs.id, spec)
@@ -127,7 +122,7 @@ class ArrayIO(ProgramCalls):
                     _same, slice=vs, name="put", in_shardings=None, out_shardings=spec
                 )
             return cast(RemoteArray, f(x))
-        x.slice.check_active()
+        self._check_movable(x)
         return self._move(x, vs, spec, cached=False)
 
     def _fetch_one(self, x: RemoteArray) -> Any:

@@ -168,19 +168,7 @@ class ProgramCalls:
         x._check_usable()
         if x.slice is vs:
             return x
-        if x.slice.state == "released":
-            raise ClosedError(
-                f"an argument ({x!r}) lives on slice {x.slice.name!r}, which was released: its "
-                "arrays went with it. Release a slice once what it holds has been used or "
-                "fetched"
-            )
-        x.slice.check_active()  # a lost slice's arrays are lost with it
-        if x._client is not self:
-            raise ValueError(
-                f"an argument lives on slice {x.slice.name!r} of another pw.Client (tenant "
-                f"{x._client.tenant}); a client's programs take only its own arrays. Fetch "
-                "it there and put it on this client's slice."
-            )
+        self._check_movable(x)
         spec = _moved_spec(x, vs, spec)
         if rec is not None and rec.tracing:
             return rec.move(x, vs, spec)
@@ -188,6 +176,22 @@ class ProgramCalls:
         if rec is not None:
             rec.moved(x, copy, copy._lid)
         return copy
+
+    def _check_movable(self, x: RemoteArray) -> None:
+        """Raise unless ``x`` (usable) can leave its slice for another of this client's:
+        its slice is live and it is this client's array."""
+        if x.slice.state == "released":
+            raise ClosedError(
+                f"{x!r} lives on slice {x.slice.name!r}, which was released: its arrays went "
+                "with it. Release a slice once what it holds has been used or fetched"
+            )
+        x.slice.check_active()  # a lost slice's arrays are lost with it
+        if x._client is not self:
+            raise ValueError(
+                f"{x!r} lives on slice {x.slice.name!r} of another pw.Client (tenant "
+                f"{x._client.tenant}); a client's programs and slices take only its own "
+                "arrays. Fetch it there and put its value on this client's slice."
+            )
 
     def _move(
         self, x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None, cached: bool = True

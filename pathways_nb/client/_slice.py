@@ -79,7 +79,8 @@ class VirtualSlice:
         pytree of them matching ``value`` (a prefix of it, as ``jax.device_put`` takes
         shardings); None replicates. A list or tuple is one array-like, as
         ``np.asarray`` reads it. The bytes go straight to the host, never through the
-        controller.
+        controller; a RemoteArray already on a slice moves host to host (or is resharded
+        on its own slice), as ``jax.device_put`` moves a ``jax.Array``.
 
         >>> params = vs.put({"w": np.ones((8, 4)), "b": np.zeros(4)}, {"w": P("data"), "b": P()})
         """
