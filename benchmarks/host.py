@@ -33,7 +33,7 @@ from jax import export
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks._common import machine, summary, write
+from benchmarks._common import chain, machine, summary, timed, write
 from benchmarks.core import SIZE, allreduce_add
 from pathways_nb.worker._executor import Executor
 from pathways_nb.worker._priority import lower_native_threads
@@ -112,14 +112,7 @@ def run(calls: int, pairs: int) -> dict[str, Any]:
     x0 = jax.device_put(np.ones(SIZE, np.float32), sharding)
 
     def plain() -> float:
-        t0 = time.perf_counter()
-        y = x0
-        for i in range(calls):
-            y = f(y)
-            if i % WAIT_EVERY == WAIT_EVERY - 1:
-                y.block_until_ready()
-        y.block_until_ready()
-        return time.perf_counter() - t0
+        return timed(lambda: chain(f, x0, calls))
 
     host.chain(300)
     plain()
