@@ -8,7 +8,7 @@ client, controller or socket: this thread hands it each launch as the host's soc
 thread does, and waits on every 16th result through the host's acknowledgements. Set
 beside ``benchmarks.core``'s whole path and its lean path, it says how much of the
 chained calls' gap lies in the host's own work per launch and how much between the
-processes. XLA's threads are niced and spread as a worker does it (both sides share
+processes. XLA's threads are lowered as a worker lowers them (both sides share
 this process, so both run that way). The two sides alternate, ``pairs`` times.
 """
 
@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks._common import chain, machine, summary, timed, write
 from benchmarks.core import SIZE, allreduce_add
+from pathways_nb._core import Config
 from pathways_nb.worker._executor import Executor
 from pathways_nb.worker._priority import lower_native_threads
 from pathways_nb.worker._store import ObjectStore
@@ -116,7 +117,8 @@ def run(calls: int, pairs: int) -> dict[str, Any]:
 
     host.chain(300)
     plain()
-    niced = lower_native_threads(19)  # as a worker does, once XLA has started its threads
+    c = Config()  # as a worker does, once XLA has started its threads
+    lowered = lower_native_threads(c.cpu_device_nice, c.cpu_device_spread, c.cpu_device_idle)
     ours_rate, plain_rate, ratios = [], [], []
     try:
         for _ in range(pairs):
@@ -131,7 +133,7 @@ def run(calls: int, pairs: int) -> dict[str, Any]:
         "benchmark": "host",
         "machine": machine(),
         "params": {"calls": calls, "pairs": pairs, "size": SIZE, "wait_every": WAIT_EVERY},
-        "xla_threads_niced": niced,
+        "xla_threads_lowered": lowered,
         "host_calls_per_s": summary(ours_rate),
         "plain_jax_calls_per_s": summary(plain_rate),
         "ratio": statistics.median(ratios),

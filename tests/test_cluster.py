@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -154,6 +155,14 @@ def test_hosts_run_xla_threads_below_the_control_plane(local: pw.LocalCluster) -
     assert sum(n == pw.Config().cpu_device_nice for n in nices.values()) >= 4
     assert sum(n == 0 for n in nices.values()) >= 4
     assert set(nices.values()) == {0, pw.Config().cpu_device_nice}
+    # The same threads, and only they, run under SCHED_IDLE.
+    policies = {}
+    for tid in nices:
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            policies[tid] = os.sched_getscheduler(tid)
+    lowered = {t for t, n in nices.items() if n == pw.Config().cpu_device_nice}
+    assert {policies[t] for t in lowered if t in policies} == {os.SCHED_IDLE}
+    assert os.SCHED_IDLE not in {p for t, p in policies.items() if t not in lowered}
 
 
 def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCluster) -> None:

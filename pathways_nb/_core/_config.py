@@ -71,9 +71,13 @@ class Config:
     # the control plane's Python threads run first when both want a core (XLA's threads
     # spin for work before they sleep); 0 leaves them at the process's priority.
     cpu_device_nice: int = 19
-    # Whether those niced threads are also pinned round-robin to the process's cores:
-    # the kernel balances cores by load weight and would pack them all on one.
-    cpu_device_spread: bool = True
+    # Whether those threads also run under Linux's SCHED_IDLE policy: a core running
+    # only them counts as idle where the kernel places a thread it wakes, so a woken
+    # Python thread takes it at once instead of queuing behind a busy one.
+    cpu_device_idle: bool = True
+    # Whether those threads are also pinned round-robin to the process's cores (needed
+    # at a nice value alone, where the kernel packed them on one core).
+    cpu_device_spread: bool = False
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
@@ -106,6 +110,7 @@ class Config:
             put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
             host_executables=_env_int("PATHWAYS_HOST_EXECUTABLES", d.host_executables),
             cpu_device_nice=_env_int("PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
+            cpu_device_idle=_env_bool("PATHWAYS_CPU_DEVICE_IDLE", d.cpu_device_idle),
             cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
         )
 

@@ -161,9 +161,10 @@ class Host:
         self._direct_ctl = sends_from_any_thread(self._ctl)
         self._direct_data = sends_from_any_thread(self._data)
         if self._own_process and self.devices and self.devices[0].platform == "cpu":
-            nice, spread = self.config.cpu_device_nice, self.config.cpu_device_spread
-            self.executor.programs.after_compile = lambda: lower_native_threads(nice, spread)
-            lower_native_threads(nice, spread)
+            c = self.config
+            nice, spread, idle = c.cpu_device_nice, c.cpu_device_spread, c.cpu_device_idle
+            self.executor.programs.after_compile = lambda: lower_native_threads(nice, spread, idle)
+            lower_native_threads(nice, spread, idle)
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)

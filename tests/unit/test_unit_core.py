@@ -202,7 +202,8 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "put_wait_seconds": "7",
         "host_executables": "32",
         "cpu_device_nice": "5",
-        "cpu_device_spread": "0",
+        "cpu_device_idle": "0",
+        "cpu_device_spread": "1",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -219,7 +220,8 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         put_wait_seconds=7.0,
         host_executables=32,
         cpu_device_nice=5,
-        cpu_device_spread=False,
+        cpu_device_idle=False,
+        cpu_device_spread=True,
     )
 
 

@@ -1,5 +1,6 @@
-"""Hosts on CPU devices lower the priority of XLA's threads and spread them over the cores,
-and leave every Python thread as it was."""
+"""Hosts on CPU devices lower the priority of XLA's threads (a nice value and the
+SCHED_IDLE policy), may spread them over the cores, and leave every Python thread as it
+was."""
 
 from __future__ import annotations
 
@@ -35,16 +36,21 @@ _SCRIPT = textwrap.dedent(
     def cores():
         return {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
 
-    before, cores_before = nices(), cores()
-    changed = lower_native_threads(7)
-    again = lower_native_threads(7)
-    off = lower_native_threads(0)
-    after, cores_after = nices(), cores()
+    def policies():
+        return {int(t): os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")}
+
+    before, cores_before, policies_before = nices(), cores(), policies()
+    changed = lower_native_threads(7, spread=True)
+    again = lower_native_threads(7, spread=True)
+    off = lower_native_threads(0, idle=False)
+    after, cores_after, policies_after = nices(), cores(), policies()
     stop.set()
     py.join()
     print(json.dumps({
         "before": before, "after": after, "changed": changed, "again": again, "off": off,
         "cores_before": cores_before, "cores_after": cores_after,
+        "policies_before": policies_before, "policies_after": policies_after,
+        "other": os.SCHED_OTHER, "idle": os.SCHED_IDLE,
         "allowed": sorted(os.sched_getaffinity(0)), "pid": os.getpid(),
         "python": [threading.main_thread().native_id, py.native_id],
     }))
@@ -52,7 +58,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_xla_threads_get_the_nice_value_and_python_threads_keep_theirs() -> None:
+def test_xla_threads_get_the_nice_value_and_sched_idle_and_python_threads_keep_theirs() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, check=True
     )
@@ -64,6 +70,9 @@ def test_xla_threads_get_the_nice_value_and_python_threads_keep_theirs() -> None
     assert len(native) >= 4
     assert {r["after"][t] for t in native} == {7}
     assert {r["after"][t] for t in python} == {0}
+    assert set(r["policies_before"].values()) == {r["other"]}
+    assert {r["policies_after"][t] for t in native} == {r["idle"]}
+    assert {r["policies_after"][t] for t in python} == {r["other"]}
     assert r["changed"] == len(native)
     assert r["again"] == 0 and r["off"] == 0
     # Python threads keep every core; XLA's go round-robin, one core each, in the order
@@ -79,22 +88,49 @@ def test_xla_threads_get_the_nice_value_and_python_threads_keep_theirs() -> None
         assert all(c == allowed for c in pinned)
 
 
-def test_spreading_can_be_turned_off() -> None:
+def _run(call: str) -> dict[str, object]:
     script = textwrap.dedent(
-        """
+        f"""
         import json, os
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
         import jax
         from pathways_nb.worker._priority import lower_native_threads
 
         jax.local_devices()
-        lower_native_threads(5, spread=False)
+        changed = {call}
         allowed = sorted(os.sched_getaffinity(0))
-        cores = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
-        print(json.dumps({"same": all(c == allowed for c in cores)}))
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+        cores = [sorted(os.sched_getaffinity(t)) for t in tids]
+        print(json.dumps({{
+            "changed": changed,
+            "same_cores": all(c == allowed for c in cores),
+            "idle": sum(os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids),
+            "nices": sorted({{os.getpriority(os.PRIO_PROCESS, t) for t in tids}}),
+        }}))
         """
     )
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"same": True}
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_by_default_threads_are_not_pinned() -> None:
+    r = _run("lower_native_threads(5)")
+    assert r["same_cores"] is True
+    assert isinstance(r["idle"], int) and r["idle"] >= 4
+    assert r["nices"] == [0, 5]
+
+
+def test_sched_idle_can_be_turned_off_and_leaves_the_nice_value() -> None:
+    r = _run("lower_native_threads(5, idle=False)")
+    assert r["idle"] == 0
+    assert r["nices"] == [0, 5]
+
+
+def test_sched_idle_alone_keeps_the_nice_value() -> None:
+    r = _run("lower_native_threads(0)")
+    assert isinstance(r["idle"], int) and r["idle"] >= 4
+    assert r["nices"] == [0]
+    assert r["changed"] == r["idle"]
