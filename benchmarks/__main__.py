@@ -28,6 +28,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "widgets": ([], ["--steps", "32", "--repeats", "1"]),
     "memory": ([], ["--programs", "2000", "--checkpoint", "500", "--distinct", "40"]),
     "scale": ([], ["--quick"]),
+    "fetch": ([], ["--quick"]),
 }
 
 

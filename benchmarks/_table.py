@@ -252,6 +252,26 @@ def _scale(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _fetch(r: dict[str, Any]) -> list[Row]:
+    n, mib = r["params"]["leaves"], r["params"]["big_bytes"] >> 20
+    what = {
+        "fetch_pytree": f"fetch a pytree of {n} small arrays (ms; JAX: jax.device_get)",
+        "wait_pytree": f"block_until_ready of the same {n} (ms)",
+        "put_big": f"put {mib} MiB sharded over 4 devices (ms; JAX: jax.device_put)",
+        "fetch_big": f"fetch the {mib} MiB (ms; JAX: np.asarray)",
+    }
+    return [
+        (
+            label,
+            f"JAX {1e3 * r[k]['plain_jax_s']['median']:.2f}",
+            f"{1e3 * r[k]['pathways_s']['median']:.2f}",
+            f"{r[k]['ratio']:.2f}x",
+            "",
+        )
+        for k, label in what.items()
+    ]
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -261,6 +281,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "widgets": _widgets,
     "memory": _memory,
     "scale": _scale,
+    "fetch": _fetch,
 }
 
 

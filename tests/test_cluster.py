@@ -129,6 +129,15 @@ def test_arrays_of_every_size_cross_processes_and_come_back_read_only(
             np.testing.assert_array_equal(got["doubled"], 2 * x)
             assert not any(v.flags.writeable for v in got.values()), rows
             assert np.array(xa).flags.writeable
+        # All sizes at once from both host processes, with more arrays than one request
+        # carries: each host answers in parts of at most 512.
+        values = [rng.standard_normal((rows, 128)).astype(np.float32) for rows in (0, 4, 2048)]
+        values += [np.full(3, i, np.int32) for i in range(600)]
+        tree = [(a if i % 3 else b).put(v) for i, v in enumerate(values)]
+        assert pw.block_until_ready(tree) is tree
+        for v, g in zip(values, pw.fetch(tree), strict=True):
+            assert g.dtype == v.dtype and not g.flags.writeable
+            np.testing.assert_array_equal(g, v)
 
 
 def _thread_nices(pid: int) -> dict[int, int]:
@@ -376,7 +385,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
         cwd=Path(__file__).resolve().parents[1],
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    names = {"dispatch", "size", "training", "core", "mpmd", "widgets", "memory", "scale"}
+    names = {"dispatch", "size", "training", "core", "mpmd", "widgets", "memory", "scale", "fetch"}
     assert set(summary["experiments"]) == names
     for name in names:
         result = json.loads((tmp_path / f"{name}.json").read_text())
@@ -435,11 +444,15 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     assert biggest["hosts"] == 128 and biggest["controller_live_handles"] >= 10_000
     assert set(biggest["us_per_program"]) == {"median", "min", "max", "n"}
     assert scale["ratio_1024_vs_8"] > 0 and "flat_cost_le_2x" in scale["targets_met"]
+    moved = json.loads((tmp_path / "fetch.json").read_text())
+    for k in ("fetch_pytree", "wait_pytree", "put_big", "fetch_big"):
+        assert moved[k]["ratio"] > 0 and moved[k]["pathways_s"]["n"] == 3
     table = (tmp_path / "table.md").read_text()
     assert table.startswith("| measurement |") and "transfer" in table and "dispatch" in table
     assert "controller cost per program" in table
     assert "lean reference path" in table and "standard 1F1B" in table
     assert "a cycle of 16" in table
+    assert "fetch a pytree of 100 small arrays" in table
 
 
 def test_the_ab_benchmark_compares_a_checkout_with_itself(tmp_path: Path) -> None:

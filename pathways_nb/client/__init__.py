@@ -5,7 +5,7 @@ from pathways_nb.client._graph import DataflowGraph, GraphArray
 from pathways_nb.client._jit import RemoteFunction, TraceError, jit
 from pathways_nb.client._pipeline import Pipeline, pipeline
 from pathways_nb.client._remote import RemoteArray
-from pathways_nb.client._session import Client, fetch, graph
+from pathways_nb.client._session import Client, block_until_ready, fetch, graph
 from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._status import EventRows, Status
 
@@ -21,6 +21,7 @@ __all__ = [
     "Status",
     "TraceError",
     "VirtualSlice",
+    "block_until_ready",
     "fetch",
     "graph",
     "jit",

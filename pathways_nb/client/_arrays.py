@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import (
+    ProtocolError,
     RemoteError,
     as_bytes,
     check_fits,
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 # The launch id of a put: it is made by no program.
 _LOCAL_LID = 0
+# Arrays one fetch_many or wait_many names at most (the hosts' limit).
+_MANY = 512
 
 
 class ArrayIO(ProgramCalls):
@@ -164,6 +167,17 @@ class ArrayIO(ProgramCalls):
                 out.append(next(values))
         return jax.tree.unflatten(treedef, out)
 
+    def block_until_ready(self, tree: Any) -> Any:
+        """Wait until every RemoteArray in ``tree`` (any pytree) is computed; return
+        ``tree``, as ``jax.block_until_ready`` does. Raises the error of one that failed.
+
+        One request per host however many arrays the tree holds, where calling each
+        leaf's ``block_until_ready`` costs a round trip per leaf.
+        """
+        leaves = jax.tree.leaves(tree, is_leaf=_is_remote)
+        self._wait_ready([x for x in leaves if isinstance(x, RemoteArray)])
+        return tree
+
     def _fetch_values(self, remote: Sequence[RemoteArray]) -> list[Any]:
         """The values of ``remote``, asked of their hosts now."""
         if remote:
@@ -209,17 +223,32 @@ class ArrayIO(ProgramCalls):
             for x in xs:
                 x.slice.check_active()
 
+        # One request per host for all of its arrays (in parts of at most _MANY): one
+        # message and one answer each way, however many leaves a pytree has.
+        by_host: dict[str, list[int]] = {}
+        for i, x in enumerate(xs):
+            by_host.setdefault(x.slice.data_address, []).append(i)
+        requests: list[tuple[str, dict[str, Any]]] = []
+        members: list[list[int]] = []
+        for address, idx in by_host.items():
+            for at in range(0, len(idx), _MANY):
+                part = idx[at : at + _MANY]
+                members.append(part)
+                if len(part) == 1:
+                    requests.append((address, {"t": kind, "handle": xs[part[0]].handle}))
+                else:
+                    handles = [xs[i].handle for i in part]
+                    requests.append((address, {"t": f"{kind}_many", "handles": handles}))
         try:
-            replies = self._direct.request(
-                [(x.slice.data_address, {"t": kind, "handle": x.handle}) for x in xs], check
-            )
+            replies = self._direct.request(requests, check)
         except KeyboardInterrupt:
             self.cancel()
             raise
         except RequestFailed as failed:
             # Known failed from now on, before the controller's (batched) notice says so:
             # its repr reads failed and the next read raises without asking the host.
-            x = xs[failed.index]
+            part = members[failed.index]
+            x = xs[part[failed.item] if 0 <= failed.item < len(part) else part[0]]
             self._errors[x.handle] = failed.error
             x._ready = True
             raise failed.error from None
@@ -227,7 +256,23 @@ class ArrayIO(ProgramCalls):
         # (batched) completion notice to say so.
         for x in xs:
             x._ready = True
-        return replies
+        out: list[Any] = [None] * len(xs)
+        for part, (h, bufs) in zip(members, replies, strict=True):
+            if h["t"] != "arrays":
+                for i in part:
+                    out[i] = (h, bufs)
+                continue
+            if not (len(h["shapes"]) == len(h["dtypes"]) == len(bufs) == len(part)):
+                raise ProtocolError(
+                    f"host at {xs[part[0]].slice.data_address} answered a fetch of "
+                    f"{len(part)} arrays with {len(bufs)}"
+                )
+            for k, i in enumerate(part):
+                one = {"shape": h["shapes"][k], "dtype": h["dtypes"][k]}
+                if h["key_impls"][k]:
+                    one["key_impl"] = h["key_impls"][k]
+                out[i] = (one, [bufs[k]])
+        return out
 
     def _wait_ready(self, xs: Sequence[RemoteArray]) -> None:
         self._request(xs, "wait")

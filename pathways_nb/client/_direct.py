@@ -27,12 +27,14 @@ Reply = tuple[dict[str, Any], list[Any]]
 
 
 class RequestFailed(Exception):
-    """The host answered request ``index`` with the error its array holds."""
+    """The host answered request ``index`` with the error its array holds (for a request
+    of many arrays, the array at ``item`` of it)."""
 
-    def __init__(self, index: int, error: RemoteError) -> None:
-        super().__init__(index, error)
+    def __init__(self, index: int, error: RemoteError, item: int = 0) -> None:
+        super().__init__(index, error, item)
         self.index = index
         self.error = error
+        self.item = item
 
 
 class DirectChannels:
@@ -108,7 +110,9 @@ class DirectChannels:
                             continue  # an answer to a wait that was interrupted earlier
                         h = msg.header
                         if h["t"] == "failed":
-                            raise RequestFailed(i, RemoteError.from_dict(h.get("error") or {}))
+                            error = RemoteError.from_dict(h.get("error") or {})
+                            item = h.get("index", 0)
+                            raise RequestFailed(i, error, item if type(item) is int else 0)
                         if h["t"] == "error":
                             raise ProtocolError(h.get("message", ""))
                         out[i] = (h, msg.buffers)

@@ -453,3 +453,13 @@ def fetch(tree: Any) -> Any:
     if not leaves:
         return tree
     return leaves[0]._client.fetch(tree)
+
+
+def block_until_ready(tree: Any) -> Any:
+    """``pw.block_until_ready(state)``: wait until every RemoteArray in a pytree is
+    computed, with one request per host; returns ``tree`` (see
+    :meth:`Client.block_until_ready`)."""
+    leaves = [x for x in jax.tree.leaves(tree, is_leaf=_is_remote) if isinstance(x, RemoteArray)]
+    if not leaves:
+        return tree
+    return leaves[0]._client.block_until_ready(tree)

@@ -111,6 +111,9 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "fetch": {"rid": _INT, "handle": _INT},
     "wait": {"rid": _INT, "handle": _INT},
+    # ... of several arrays on one host, answered at once (at most 512 handles)
+    "fetch_many": {"rid": _INT, "handles": _LIST},
+    "wait_many": {"rid": _INT, "handles": _LIST},
     # host -> host (data plane): one piece of a transfer, or its error
     "xfer": {
         "handle": _INT,
@@ -125,6 +128,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     # host -> client (data plane)
     "array": {"rid": _INT, "shape": _LIST, "dtype": _STR},
+    "arrays": {"rid": _INT, "shapes": _LIST, "dtypes": _LIST, "key_impls": _LIST},
     "failed": {"rid": _INT, "error": _DICT},
 }
 

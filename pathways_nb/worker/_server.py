@@ -29,11 +29,9 @@ from pathways_nb._core import (
     RemoteError,
     VersionMismatchError,
     Versions,
-    as_bytes,
     decode_dtype,
     decode_spec,
     default_config,
-    encode_dtype,
     local_versions,
 )
 from pathways_nb.wire import (
@@ -51,11 +49,12 @@ from pathways_nb.wire import (
     sends_from_any_thread,
 )
 from pathways_nb.wire._messages import error_header
+from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
-from pathways_nb.worker._hostcopy import from_host, to_numpy
+from pathways_nb.worker._hostcopy import from_host
 from pathways_nb.worker._priority import lower_native_threads
-from pathways_nb.worker._store import Entry, ObjectStore, StoreStatistics
+from pathways_nb.worker._store import ObjectStore, StoreStatistics
 from pathways_nb.worker._transfer import Assembler, Sender
 
 log = logging.getLogger("pathways_nb.worker")
@@ -76,9 +75,8 @@ _CONTROLLER_TYPES = frozenset(
     }
 )
 _BATCHED_TYPES = frozenset({"run", "drop", "send", "recv"})
-_DATA_TYPES = frozenset({"hello", "put", "fetch", "wait", "xfer"})
+_DATA_TYPES = frozenset({"hello", "put", "fetch", "wait", "fetch_many", "wait_many", "xfer"})
 _TO_CONTROLLER = b"c"
-_INLINE_BYTES = 1 << 20
 _HEARTBEAT = 1.0  # seconds between heartbeats to the controller
 
 
@@ -128,6 +126,7 @@ class Host:
             {int(d.id): d for d in self.devices}, self.executor.programs.mesh, self._arrived
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
+        self._answers = Answers(name, self.store, self._to_client, self._pool)
         self._versions = local_versions()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -369,18 +368,9 @@ class Host:
                 err = to_remote(exc, "invalid", program="transfer", slice="", host=self.name)
                 self._arrived(h, None, err, 0)
         elif kind in ("fetch", "wait"):
-            rid, handle = h["rid"], h["handle"]
-
-            def answer(entry: Entry) -> None:
-                # Small ready arrays are answered by whichever thread learns they are
-                # ready (this one, or the completion thread); big ones go to the pool so
-                # no loop stalls on a copy.
-                if entry.error is not None or kind == "wait" or entry.nbytes <= _INLINE_BYTES:
-                    self._answer(identity, rid, kind, entry)
-                else:
-                    self._pool.submit(self._answer, identity, rid, kind, entry)
-
-            self.store.when_ready(handle, answer)
+            self._answers.one(identity, h["rid"], kind, h["handle"])
+        elif kind in ("fetch_many", "wait_many"):
+            self._answers.many(identity, h["rid"], kind, h["handles"])
 
     def _arrived(self, h: dict[str, Any], value: Any, err: RemoteError | None, nbytes: int) -> None:
         """A transfer into this host finished: store it, tell the controller."""
@@ -441,27 +431,3 @@ class Host:
             err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
             self.store.fail(h["handle"], err)
             self._send_data(identity, encode({"t": "failed", "rid": rid, "error": err.to_dict()}))
-
-    def _answer(self, identity: bytes, rid: int, kind: str, entry: Entry) -> None:
-        """On the fetch pool: wait for the array, then send it (or its error)."""
-        if entry.error is not None:
-            self._to_client(identity, {"t": "failed", "rid": rid, "error": entry.error.to_dict()})
-            return
-        value = entry.value
-        try:
-            if kind == "wait":
-                jax.block_until_ready(value)
-                self._to_client(identity, {"t": "reply", "rid": rid})
-                return
-            header: dict[str, Any] = {"t": "array", "rid": rid}
-            if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-                header["key_impl"] = str(jax.random.key_impl(value))
-                value = jax.random.key_data(value)
-            host_arr = to_numpy(value)
-            header["shape"] = list(host_arr.shape)
-            header["dtype"] = encode_dtype(host_arr.dtype)
-            self._to_client(identity, header, [as_bytes(host_arr)])
-        except Exception as exc:
-            program, sname = entry.origin
-            err = to_remote(exc, "runtime", program=program, slice=sname, host=self.name)
-            self._to_client(identity, {"t": "failed", "rid": rid, "error": err.to_dict()})

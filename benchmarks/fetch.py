@@ -1,0 +1,122 @@
+"""Moving arrays between the notebook and a slice, against plain JAX on the same devices.
+
+    python -m benchmarks.fetch [--quick] [--json benchmarks/results/fetch.json]
+
+Side by side in one run, alternating turns, on one 4-device host (a ``pw.LocalCluster``)
+and on 4 devices of this process (plain JAX):
+
+- a pytree of 1,000 small arrays (replicated, 8 floats each), as model parameters or a
+  dict of metrics are: ``pw.fetch(tree)`` against ``jax.device_get(tree)``, and
+  ``pw.block_until_ready(tree)`` against ``jax.block_until_ready(tree)``;
+- one 64 MiB array sharded over the 4 devices: ``vs.put`` against ``jax.device_put``,
+  and ``x.fetch()`` against ``np.asarray`` of the ``jax.Array``. Plain JAX on CPU devices
+  copies within one process; pathways_nb sends the bytes to another process and back.
+
+A ``jax.Array`` keeps the NumPy value it was read as, so every plain-JAX turn reads
+arrays never read before (made before the timing starts).
+
+Each ratio is plain JAX's time over pathways_nb's (1 = as fast as plain JAX).
+"""
+
+from __future__ import annotations
+
+import os
+
+from benchmarks._common import xla_flags
+
+os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from benchmarks._common import machine, quick_main, summary
+
+
+def _turns(ours: Callable[[], Any], theirs: Callable[[], Any], repeats: int) -> dict[str, Any]:
+    """Seconds of ``ours()`` and ``theirs()`` in alternating turns, and the median of
+    the paired ratios (theirs over ours)."""
+    ours()
+    theirs()
+    a, b = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ours()
+        a.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        theirs()
+        b.append(time.perf_counter() - t0)
+    return {
+        "pathways_s": summary(a),
+        "plain_jax_s": summary(b),
+        "ratio": statistics.median(y / x for x, y in zip(a, b, strict=True)),
+    }
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    leaves = 100 if quick else 1000
+    big = (1 if quick else 64) << 20
+    repeats = 3 if quick else 15
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    rows = big // 4 // 1024
+    host_big = np.random.default_rng(0).standard_normal((rows, 1024)).astype(np.float32)
+    small = [np.full(8, i, np.float32) for i in range(leaves)]
+    with (
+        pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,
+        pw.Client(cluster) as client,
+    ):
+        vs = client.allocate({"d": 4})
+        ours_tree = {"p": [vs.put(v) for v in small]}
+        jax_tree = {"p": [jax.device_put(v, NamedSharding(mesh, P())) for v in small]}
+        ours_big = vs.put(host_big, P("d"))
+        unread_trees = [
+            {"p": [jax.device_put(v, NamedSharding(mesh, P())) for v in small]}
+            for _ in range(repeats + 1)
+        ]
+        unread_big = [
+            jax.device_put(host_big, NamedSharding(mesh, P("d"))) for _ in range(repeats + 1)
+        ]
+        got = pw.fetch(ours_tree)
+        assert all(float(g[0]) == i for i, g in enumerate(got["p"]))
+        np.testing.assert_array_equal(ours_big.fetch(), host_big)
+
+        def put_ours() -> None:
+            vs.put(host_big, P("d")).block_until_ready()
+
+        def put_jax() -> None:
+            jax.device_put(host_big, NamedSharding(mesh, P("d"))).block_until_ready()
+
+        result = {
+            "fetch_pytree": _turns(
+                lambda: pw.fetch(ours_tree), lambda: jax.device_get(unread_trees.pop()), repeats
+            ),
+            "wait_pytree": _turns(
+                lambda: pw.block_until_ready(ours_tree),
+                lambda: jax.block_until_ready(jax_tree),
+                repeats,
+            ),
+            "put_big": _turns(put_ours, put_jax, repeats),
+            "fetch_big": _turns(ours_big.fetch, lambda: np.asarray(unread_big.pop()), repeats),
+        }
+    return {
+        "benchmark": "fetch",
+        "machine": machine(),
+        "params": {"leaves": leaves, "leaf_shape": [8], "big_bytes": big, "repeats": repeats},
+        **result,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return quick_main(argv, __doc__, "fetch", run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
