@@ -643,6 +643,33 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     assert "deleted" in str(gone)
 
 
+def test_devices_and_shards_are_those_of_the_same_jax_array(client: pw.Client) -> None:
+    """``devices()`` and ``addressable_shards`` name the same parts, replica ids and
+    device order as a ``jax.Array`` of the same sharding on a mesh of the same shape;
+    each shard's ``data`` is that part of the value."""
+    from jax.sharding import Mesh, NamedSharding
+
+    vs = client.allocate({"a": 2, "b": 2})
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b"))
+    order = {d: i for i, d in enumerate(mesh.devices.flat)}
+    x = np.arange(48, dtype=np.float32).reshape(8, 6)
+    for spec in (P(), P("a"), P(None, "b"), P("a", "b"), P(("b", "a")), P("b", None)):
+        r = vs.put(x, spec)
+        ref = jax.device_put(x, NamedSharding(mesh, spec))
+        want = sorted((order[s.device], s.index, s.replica_id) for s in ref.addressable_shards)
+        got = [(s.device.id, s.index, s.replica_id) for s in r.addressable_shards]
+        assert got == want, spec
+        assert [s.index for s in r.global_shards] == [i for _, i, _ in got]
+        for s in r.addressable_shards[:2]:
+            np.testing.assert_array_equal(s.data, x[s.index])
+        assert "RemoteShard(device=VirtualDevice(id=0" in repr(r.addressable_shards[0])
+    devices = r.devices()
+    assert {d.id for d in devices} == {0, 1, 2, 3} and r.is_fully_addressable
+    assert {d.device_id for d in devices} == set(vs.devices)
+    assert all(d.host == vs.host and d.slice == vs.name for d in devices)
+    assert vs.virtual_devices[2].device_id == vs.devices[2]
+
+
 def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:
     """``itemsize``, ``aval`` and ``is_fully_replicated`` read as on a jax.Array without
     running anything; ``copy.copy``/``copy.deepcopy`` make new arrays on the slice (a

@@ -32,6 +32,7 @@ from pathways_nb._core._specs import (
     encode_mesh,
     encode_spec,
     entry_axes,
+    shard_indices,
     validate_mesh_shape,
     validate_weight,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "local_versions",
     "machine_memory",
     "on_this_machine",
+    "shard_indices",
     "validate_mesh_shape",
     "validate_weight",
 ]

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from jax.sharding import PartitionSpec
 
 EncodedSpec = list[Any]
+# The part of an array one device holds: (start, stop) per dimension.
+Region = tuple[tuple[int, int], ...]
 
 
 def entry_axes(entry: Any) -> tuple[str, ...]:
@@ -84,4 +86,50 @@ def validate_mesh_shape(shape: Any) -> dict[str, int]:
                 f"mesh axis sizes must be positive integers; got {name}={size!r} in {shape!r}"
             )
         out[name] = int(size)  # NumPy integers too, as jax.make_mesh takes them
+    return out
+
+
+def shard_indices(
+    shape: Sequence[int], spec: Sequence[Any], mesh: Sequence[Sequence[Any]]
+) -> list[Region]:
+    """The region of an array of ``shape`` each device of a mesh holds, in mesh order.
+
+    ``spec`` is an encoded PartitionSpec (``[None, "x", ["a", "b"]]``); ``mesh`` is
+    ``[[axis, size], ...]``. Devices are numbered row-major over the mesh axes, as
+    ``jax.sharding.Mesh`` lays out a reshaped device list.
+    """
+    sizes = {str(a): int(n) for a, n in mesh}
+    names = [str(a) for a, _ in mesh]
+    if len(spec) > len(shape):
+        raise ValueError(f"spec {spec} has more entries than the array has dimensions {shape}")
+    dims: list[list[str]] = []
+    for d, entry in enumerate(spec):
+        axes = list(entry_axes(entry))
+        for a in axes:
+            if a not in sizes:
+                raise ValueError(f"spec {spec} names axis {a!r}; the mesh has {names}")
+        parts = math.prod(sizes[a] for a in axes)
+        if shape[d] % parts:
+            raise ValueError(
+                f"dimension {d} of shape {tuple(shape)} does not split evenly into {parts} "
+                f"shards for spec {spec}"
+            )
+        dims.append(axes)
+    dims += [[] for _ in range(len(shape) - len(spec))]
+    out = []
+    for flat in range(math.prod(sizes[a] for a in names)):
+        coord: dict[str, int] = {}
+        rest = flat
+        for a in reversed(names):
+            coord[a] = rest % sizes[a]
+            rest //= sizes[a]
+        index = []
+        for d, axes in enumerate(dims):
+            chunk = shape[d]
+            pos = 0
+            for a in axes:  # the first axis of a tuple is the major one
+                chunk //= sizes[a]
+                pos = pos * sizes[a] + coord[a]
+            index.append((pos * chunk, (pos + 1) * chunk))
+        out.append(tuple(index))
     return out

@@ -6,7 +6,8 @@ from pathways_nb.client._jit import RemoteFunction, TraceError, jit
 from pathways_nb.client._pipeline import Pipeline, pipeline
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._session import Client, block_until_ready, fetch, graph
-from pathways_nb.client._slice import VirtualSlice
+from pathways_nb.client._shards import RemoteShard
+from pathways_nb.client._slice import VirtualDevice, VirtualSlice
 from pathways_nb.client._status import EventRows, Status
 
 __all__ = [
@@ -18,8 +19,10 @@ __all__ = [
     "Pipeline",
     "RemoteArray",
     "RemoteFunction",
+    "RemoteShard",
     "Status",
     "TraceError",
+    "VirtualDevice",
     "VirtualSlice",
     "block_until_ready",
     "fetch",

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from jax.sharding import NamedSharding
 
     from pathways_nb.client._session import Client
-    from pathways_nb.client._slice import VirtualSlice
+    from pathways_nb.client._shards import RemoteShard
+    from pathways_nb.client._slice import VirtualDevice, VirtualSlice
 
 
 # Largest array str() fetches to show its value (see RemoteArray.__str__).
@@ -120,6 +121,31 @@ class RemoteArray:
         """The array's sharding, as ``jax.Array.device`` gives for an array on several
         devices (the Array API's attribute)."""
         return self.sharding
+
+    def devices(self) -> set[VirtualDevice]:
+        """The virtual devices of the array's slice, each naming the host device it is
+        on (``jax.Array.devices()`` gives the physical devices themselves)."""
+        return set(self.slice.virtual_devices)
+
+    @property
+    def addressable_shards(self) -> list[RemoteShard]:
+        """Each virtual device's part of the array: its device, the index of the part
+        and its replica id, as ``jax.Array.addressable_shards``; a shard's ``data`` is
+        read from the host when asked. The client addresses every device of its slices,
+        so these are also the ``global_shards``."""
+        from pathways_nb.client._shards import shards_of
+
+        return shards_of(self)
+
+    @property
+    def global_shards(self) -> list[RemoteShard]:
+        """The same as :attr:`addressable_shards`."""
+        return self.addressable_shards
+
+    @property
+    def is_fully_addressable(self) -> bool:
+        """True: the client reaches every shard through the hosts."""
+        return True
 
     def on_device_size_in_bytes(self) -> int:
         """Bytes the array takes on its slice's devices together: each device's shard,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,29 @@ if TYPE_CHECKING:
     from jax.sharding import AbstractMesh, PartitionSpec
 
     from pathways_nb.client._session import Client
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualDevice:
+    """One virtual device of a slice, and the physical device it is mapped onto now.
+
+    ``id`` is its place in the slice's mesh (row-major over the mesh axes, as
+    ``jax.sharding.Mesh`` lays out devices); ``device_id`` is the id of the device on
+    ``host`` that holds its shards. ``RemoteArray.devices()`` gives a set of these.
+    """
+
+    id: int
+    slice: str
+    island: str
+    host: str
+    device_id: int
+    platform: str
+
+    def __repr__(self) -> str:
+        return (
+            f"VirtualDevice(id={self.id}, slice={self.slice!r}, host={self.host!r}, "
+            f"device={self.platform}:{self.device_id})"
+        )
 
 
 class VirtualSlice:
@@ -53,6 +77,14 @@ class VirtualSlice:
     @property
     def size(self) -> int:
         return math.prod(self.mesh_shape.values())
+
+    @property
+    def virtual_devices(self) -> list[VirtualDevice]:
+        """The slice's virtual devices in mesh order, each with the host device it is on."""
+        return [
+            VirtualDevice(i, self.name, self.island, self.host, int(d), self.platform)
+            for i, d in enumerate(self.devices)
+        ]
 
     def __repr__(self) -> str:
         return (

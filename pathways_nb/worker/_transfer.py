@@ -31,8 +31,8 @@ from pathways_nb._core import (
     decode_dtype,
     decode_spec,
     encode_dtype,
-    entry_axes,
     local_versions,
+    shard_indices,
 )
 from pathways_nb.wire import (
     DealerSocket,
@@ -61,52 +61,6 @@ _INLINE_SEND_BYTES = 1 << 20
 
 
 # index arithmetic (pure) --------------------------------------------------------------
-def shard_indices(
-    shape: Sequence[int], spec: Sequence[Any], mesh: Sequence[Sequence[Any]]
-) -> list[Index]:
-    """The region of an array of ``shape`` each device of a mesh holds, in mesh order.
-
-    ``spec`` is an encoded PartitionSpec (``[None, "x", ["a", "b"]]``); ``mesh`` is
-    ``[[axis, size], ...]``. Devices are numbered row-major over the mesh axes, as
-    ``jax.sharding.Mesh`` lays out a reshaped device list.
-    """
-    sizes = {str(a): int(n) for a, n in mesh}
-    names = [str(a) for a, _ in mesh]
-    if len(spec) > len(shape):
-        raise ValueError(f"spec {spec} has more entries than the array has dimensions {shape}")
-    dims: list[list[str]] = []
-    for d, entry in enumerate(spec):
-        axes = list(entry_axes(entry))
-        for a in axes:
-            if a not in sizes:
-                raise ValueError(f"spec {spec} names axis {a!r}; the mesh has {names}")
-        parts = math.prod(sizes[a] for a in axes)
-        if shape[d] % parts:
-            raise ValueError(
-                f"dimension {d} of shape {tuple(shape)} does not split evenly into {parts} "
-                f"shards for spec {spec}"
-            )
-        dims.append(axes)
-    dims += [[] for _ in range(len(shape) - len(spec))]
-    out = []
-    for flat in range(math.prod(sizes[a] for a in names)):
-        coord: dict[str, int] = {}
-        rest = flat
-        for a in reversed(names):
-            coord[a] = rest % sizes[a]
-            rest //= sizes[a]
-        index = []
-        for d, axes in enumerate(dims):
-            chunk = shape[d]
-            pos = 0
-            for a in axes:  # the first axis of a tuple is the major one
-                chunk //= sizes[a]
-                pos = pos * sizes[a] + coord[a]
-            index.append((pos * chunk, (pos + 1) * chunk))
-        out.append(tuple(index))
-    return out
-
-
 def overlap(a: Index, b: Index) -> Index | None:
     """The intersection of two regions, or None when they do not meet."""
     out = []

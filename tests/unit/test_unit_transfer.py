@@ -13,13 +13,13 @@ import zmq
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pathways_nb._core import RemoteError, encode_spec
+from pathways_nb._core import RemoteError, encode_spec, shard_indices
 from pathways_nb.wire import Poller, decode, receive
 from pathways_nb.wire._stream import StreamRouter
 from pathways_nb.worker._hostcopy import from_host, from_regions, host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._store import Entry, ObjectStore
-from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for, shard_indices
+from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for
 
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
 
