@@ -668,6 +668,22 @@ def test_devices_and_shards_are_those_of_the_same_jax_array(client: pw.Client) -
     assert {d.device_id for d in devices} == set(vs.devices)
     assert all(d.host == vs.host and d.slice == vs.name for d in devices)
     assert vs.virtual_devices[2].device_id == vs.devices[2]
+    np.testing.assert_array_equal(r.addressable_data(3), x[r.addressable_shards[3].index])
+
+    # to_device, as the Array API's: another slice keeps the spec; a sharding of the
+    # slice's own mesh lays it out anew; anything else says what it takes.
+    other = client.allocate({"a": 2, "b": 2})
+    moved = r.to_device(other)
+    assert moved.slice is other and moved.spec == r.spec
+    np.testing.assert_array_equal(moved.fetch(), x)
+    relaid = r.to_device(vs.sharding(P("a")))
+    assert relaid.slice is vs and relaid.spec == P("a")
+    np.testing.assert_array_equal(relaid.fetch(), x)
+    with pytest.raises(TypeError, match="VirtualSlice, or a NamedSharding"):
+        r.to_device(jax.devices()[0])
+    with pytest.raises(NotImplementedError, match="flatten"):
+        _ = r.flat
+    np.testing.assert_array_equal(r.byteswap().fetch(), x.byteswap())
 
 
 def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from pathways_nb._core import ClosedError, PathwaysError, entry_axes
+from pathways_nb.client._shards import Placement
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -18,15 +19,14 @@ if TYPE_CHECKING:
     from jax.sharding import NamedSharding
 
     from pathways_nb.client._session import Client
-    from pathways_nb.client._shards import RemoteShard
-    from pathways_nb.client._slice import VirtualDevice, VirtualSlice
+    from pathways_nb.client._slice import VirtualSlice
 
 
 # Largest array str() fetches to show its value (see RemoteArray.__str__).
 _STR_FETCH_BYTES = 1 << 20
 
 
-class RemoteArray:
+class RemoteArray(Placement):
     """A future for an array on a virtual slice; behaves like a ``jax.Array`` where it can.
 
     Its ``shape``, ``dtype`` and ``sharding`` are known as soon as the program that makes
@@ -122,30 +122,13 @@ class RemoteArray:
         devices (the Array API's attribute)."""
         return self.sharding
 
-    def devices(self) -> set[VirtualDevice]:
-        """The virtual devices of the array's slice, each naming the host device it is
-        on (``jax.Array.devices()`` gives the physical devices themselves)."""
-        return set(self.slice.virtual_devices)
-
     @property
-    def addressable_shards(self) -> list[RemoteShard]:
-        """Each virtual device's part of the array: its device, the index of the part
-        and its replica id, as ``jax.Array.addressable_shards``; a shard's ``data`` is
-        read from the host when asked. The client addresses every device of its slices,
-        so these are also the ``global_shards``."""
-        from pathways_nb.client._shards import shards_of
-
-        return shards_of(self)
-
-    @property
-    def global_shards(self) -> list[RemoteShard]:
-        """The same as :attr:`addressable_shards`."""
-        return self.addressable_shards
-
-    @property
-    def is_fully_addressable(self) -> bool:
-        """True: the client reaches every shard through the hosts."""
-        return True
+    def flat(self) -> Any:
+        """Not available, as for a ``jax.Array``: use ``x.flatten()``."""
+        raise NotImplementedError(
+            "RemoteArrays, as JAX arrays, do not implement the arr.flat property: "
+            "use arr.flatten() instead"
+        )
 
     def on_device_size_in_bytes(self) -> int:
         """Bytes the array takes on its slice's devices together: each device's shard,
@@ -454,6 +437,7 @@ METHODS = (
     "argmin",
     "argpartition",
     "argsort",
+    "byteswap",
     "choose",
     "clip",
     "conj",
