@@ -215,10 +215,17 @@ def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path
         assert a.state == "lost"
         np.testing.assert_array_equal((xb + 1).fetch(), np.full(2, 2.0, np.float32))
         c.wait_for_hosts(2, timeout=60)
-        fresh = client.allocate({"x": 2})
+        # The restarted host takes the lost slice back: the same object runs again, on
+        # the new process's devices, and what it held before stays lost.
+        assert a.wait_active(timeout=60) is a and a.epoch == 1
+        assert a.island == client.status().slices.set_index("slice").loc[a.id, "island"]
+        with pytest.raises(pw.DataLossError, match="remapped onto host"):
+            xa.fetch()
         np.testing.assert_array_equal(
-            (fresh.put(np.ones(2), P("x")) + 1).fetch(), np.full(2, 2.0, np.float32)
+            (a.put(np.ones(2), P("x")) + 1).fetch(), np.full(2, 2.0, np.float32)
         )
+        moved = pw.jit(lambda v: v * 3, slice=b)(a.put(np.ones(2, np.float32), P("x")))
+        np.testing.assert_array_equal(moved.fetch(), np.full(2, 3.0, np.float32))
     # Hosts keep a persistent compilation cache, so a restarted host compiles nothing twice.
     assert cache.is_dir() and any(cache.iterdir())
 

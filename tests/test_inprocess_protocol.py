@@ -304,6 +304,76 @@ def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> 
         np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))
 
 
+def _wait_state(vs: pw.VirtualSlice, state: str) -> None:
+    deadline = time.monotonic() + 10
+    while vs.state != state and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert vs.state == state
+
+
+def test_a_lost_slice_is_remapped_onto_its_restarted_host_and_training_goes_on() -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        other = client.allocate({"x": 2})
+        index = [h.name for h in c.hosts].index(vs.host)
+        step = pw.jit(lambda w, g: w - 0.5 * g)
+        w0 = np.arange(2.0, dtype=np.float32)
+        w = vs.put(w0, P("x"))
+        g = vs.put(np.ones(2, np.float32), P("x"))
+        w = step(w, g)
+        checkpoint = w.fetch()  # what a training loop keeps on the notebook's side
+        copy = pw.jit(lambda a: a * 1, slice=other)(w)  # moved to the other host
+        np.testing.assert_array_equal(copy.fetch(), checkpoint)
+        c.controller.host_lost(vs.host, "test")
+        _wait_state(vs, "lost")
+        with pytest.raises(pw.DataLossError):
+            step(w, g)
+        with pytest.raises(TimeoutError, match="still lost"):
+            vs.wait_active(timeout=0.2)
+        c.restart_host(index)
+        assert vs.wait_active(timeout=10) is vs
+        assert vs.epoch == 1 and vs.host == c.hosts[index].name and len(vs.devices) == 2
+        # Its old arrays went with the old host, and say where the slice is now.
+        assert "lost" in repr(w)
+        for old in (w, g):
+            with pytest.raises(pw.DataLossError, match="remapped onto host"):
+                old.fetch()
+            with pytest.raises(pw.DataLossError, match="remapped onto host"):
+                step(old, old)
+        # A program given a lost handle anyway hears it from the controller.
+        w._epoch = vs.epoch
+        with pytest.raises(pw.DataLossError, match="was lost with host"):
+            step(w, w).fetch()
+        # From the checkpoint, training goes on on the same slice object, as plain JAX.
+        w = vs.put(checkpoint, P("x"))
+        g = vs.put(np.ones(2, np.float32), P("x"))
+        for _ in range(3):
+            w = step(w, g)
+        np.testing.assert_allclose(w.fetch(), w0 - 0.5 * 4)
+        np.testing.assert_array_equal(copy.fetch(), checkpoint)  # the other host kept it
+        moved = pw.jit(lambda a: a * 2, slice=other)(w)  # host to host from the new one
+        np.testing.assert_allclose(moved.fetch(), 2 * (w0 - 2.0))
+        events = client.events()
+        assert "remap" in set(events.kind)
+        assert client.status().slices.set_index("slice").loc[vs.id, "state"] == "active"
+
+
+def test_without_remapping_a_lost_slice_stays_lost_and_its_devices_are_free() -> None:
+    config = Config(remap_lost_slices=False)
+    with pw.InProcessCluster(1, 2, config=config) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        c.controller.host_lost(vs.host, "test")
+        _wait_state(vs, "lost")
+        c.restart_host(0)
+        fresh = client.allocate({"x": 2})  # the restarted host's devices are free
+        assert fresh.host == vs.host and vs.state == "lost"
+        with pytest.raises(TimeoutError):
+            vs.wait_active(timeout=0.3)
+        vs.release()
+        with pytest.raises(pw.ClosedError, match="released"):
+            vs.wait_active(timeout=0.3)
+
+
 def test_a_transfer_from_a_lost_host_fails_its_consumer_at_once() -> None:
     with pw.InProcessCluster(2, 2) as c, c.client() as client:
         a = client.allocate({"x": 2})

@@ -78,6 +78,9 @@ class Config:
     # Whether those threads are also pinned round-robin to the process's cores (needed
     # at a nice value alone, where the kernel packed them on one core).
     cpu_device_spread: bool = False
+    # Whether a slice lost with its host moves onto the devices of a host that joins with
+    # room for it (a restarted one first), as the same VirtualSlice; its arrays stay lost.
+    remap_lost_slices: bool = True
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
@@ -112,6 +115,7 @@ class Config:
             cpu_device_nice=_env_int("PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
             cpu_device_idle=_env_bool("PATHWAYS_CPU_DEVICE_IDLE", d.cpu_device_idle),
             cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
+            remap_lost_slices=_env_bool("PATHWAYS_REMAP_LOST_SLICES", d.remap_lost_slices),
         )
 
 

@@ -61,7 +61,7 @@ class ProgramCalls:
         vs = self._choose_slice(f, leaves)
         arrays: list[RemoteArray] = leaves
         for leaf in leaves:
-            if type(leaf) is not RemoteArray or leaf.slice is not vs:
+            if type(leaf) is not RemoteArray or leaf.slice is not vs or leaf._epoch != vs.epoch:
                 in_specs = f._leaf_specs(treedef)
                 arrays = [self._onto(vs, x, s, rec) for x, s in zip(leaves, in_specs, strict=True)]
                 break
@@ -209,8 +209,8 @@ class ProgramCalls:
         copies = x._copies
         if copies is not None and cached:
             done = copies.get(key)
-            if done is not None and not done._deleted:
-                return done
+            if done is not None and not done._deleted and done._epoch == vs.epoch:
+                return done  # a copy made before vs was remapped went with its host
         self._backpressure()
         lid = self._ids.next()
         dst = self._ids.next()

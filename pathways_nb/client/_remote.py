@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from pathways_nb._core import ClosedError, PathwaysError, entry_axes
+from pathways_nb._core import ClosedError, DataLossError, PathwaysError, entry_axes
 from pathways_nb.client._shards import Placement
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ class RemoteArray(Placement):
         "_client",
         "_copies",
         "_deleted",
+        "_epoch",
         "_host",
         "_lid",
         "_ready",
@@ -71,6 +72,9 @@ class RemoteArray(Placement):
         self.slice = slice
         self._lid = lid
         self._deleted = False
+        # The slice's remap count when the array was made: one made before a remap was
+        # lost with the host the slice was on then.
+        self._epoch = slice.epoch
         self._ready = False  # known computed (a fetch or wait returned)
         # Copies moved to other slices, by (slice id, PartitionSpec); made on first use.
         self._copies: dict[Any, RemoteArray] | None = None
@@ -160,6 +164,8 @@ class RemoteArray(Placement):
             state = "deleted"
         elif self.slice.state != "active":
             state = self.slice.state  # released or lost: its arrays went with it
+        elif self._epoch != self.slice.epoch:
+            state = "lost"
         elif self._client._error_of(self) is not None:
             state = "failed"
         else:
@@ -365,6 +371,15 @@ class RemoteArray(Placement):
             raise ClosedError(
                 f"this RemoteArray (shape {self.shape}) was deleted or donated; "
                 "use the array the program returned instead"
+            )
+        if self._epoch != self.slice.epoch:
+            was = self.slice._hosts[self._epoch]
+            raise DataLossError(
+                f"this RemoteArray (shape {self.shape}) was lost with host {was}; slice "
+                f"{self.slice.name!r} has since been remapped onto host {self.slice.host}. "
+                "Put its value there again (from a checkpoint) to go on",
+                slice=self.slice.name,
+                host=was,
             )
 
     # small programs on the array's slice -----------------------------------------------

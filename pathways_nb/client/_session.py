@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -263,6 +264,26 @@ class Client(ArrayIO):
             self.default_slice = vs
         return vs
 
+    def _greet_host(self, address: str) -> None:
+        """Say hello to a host without waiting for its answer (on the IO thread, which
+        delivers that answer): what this client sends it later queues behind the hello."""
+        if address in self._hosts_ok:
+            return
+
+        def answered(fut: Any) -> None:
+            exc = fut.exception()
+            h = None if exc is not None else fut.result()[0]
+            if h is not None and h["t"] == "welcome":
+                self._hosts_ok.add(address)
+            else:
+                why = exc if h is None else h.get("reason")
+                logging.getLogger("pathways_nb.client").warning(
+                    "host at %s did not welcome this client: %s", address, why
+                )
+
+        hello = {"t": "hello", "role": "client", "versions": local_versions().to_dict()}
+        self._io.host_request(address, hello).add_done_callback(answered)
+
     def _hello_host(self, address: str) -> None:
         if address in self._hosts_ok:
             return
@@ -289,7 +310,7 @@ class Client(ArrayIO):
 
     def _release(self, vs: VirtualSlice) -> None:
         self._ask({"t": "release", "slice": vs.id})
-        vs.state = "released"
+        vs._set_state("released")
         self._slices.pop(vs.id, None)  # its arrays know it; this client need not
         if self.default_slice is vs:
             self.default_slice = None
@@ -322,14 +343,17 @@ class Client(ArrayIO):
             for sid in h["slices"]:
                 vs = self._slices.get(sid)
                 if vs is not None:
-                    vs.state = "lost"
+                    vs._set_state("lost")
                     self._io.fail_host(
                         vs.data_address,
                         DataLossError(f"host {h['host']} was lost", slice=vs.name, host=h["host"]),
                     )
+        elif t == "remapped":
+            vs = self._slices.get(h["slice"]["slice"])
+            if vs is not None:
+                self._greet_host(h["data_address"])
+                vs._remapped(h["slice"], h["data_address"], h["platform"])
         elif t == "error":
-            import logging
-
             logging.getLogger("pathways_nb.client").warning("controller: %s", h.get("message"))
 
     # controller queries ---------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,11 @@ class VirtualSlice:
 
     ``with vs:`` makes it the default slice for ``pw.jit`` calls in the block;
     ``vs.put(array, P("data"))`` places an array on it; ``vs.release()`` frees it.
+
+    When its host is lost the slice is ``"lost"`` (so are its arrays); once a host with
+    room for it joins (the restarted one first), the controller maps it there and it is
+    ``"active"`` again, as the same object: ``vs.wait_active()`` waits for that, and what
+    is put or computed on it from then on runs on its new devices.
     """
 
     def __init__(
@@ -70,6 +77,11 @@ class VirtualSlice:
         # What a traced program depends on: the mesh's shape and the platform.
         self.signature = (tuple(mesh.items()), platform)
         self._previous: list[VirtualSlice | None] = []
+        # How many times the slice was remapped, and the host it was on at each count:
+        # an array made before the last remap was lost with its host.
+        self.epoch = 0
+        self._hosts = [host]
+        self._changed = threading.Condition()
         from jax.sharding import AbstractMesh
 
         self.abstract_mesh: AbstractMesh = AbstractMesh(tuple(mesh.values()), tuple(mesh.keys()))
@@ -91,6 +103,45 @@ class VirtualSlice:
             f"VirtualSlice({self.name!r}, mesh={self.mesh_shape}, island={self.island!r}, "
             f"devices={self.devices}, {self.state})"
         )
+
+    def wait_active(self, timeout: float | None = None) -> VirtualSlice:
+        """Return once the slice can run programs: at once if it is active; if it was
+        lost, once the controller has remapped it onto a host with room for it.
+        Raises :class:`TimeoutError` if that takes longer than ``timeout`` seconds, and
+        ``ClosedError`` for a released slice."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while self.state == "lost":
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"slice {self.name!r} ({self.size} devices) is still lost after "
+                        f"{timeout} s: no live island has joined with {self.size} free "
+                        f"{self.platform} devices. Restart or add a host, or release slices "
+                        "(client.status() shows what is free)"
+                    )
+                self._changed.wait(0.1 if left is None else min(left, 0.1))
+        self.check_active()
+        return self
+
+    def _set_state(self, state: str) -> None:
+        with self._changed:
+            self.state = state
+            self._changed.notify_all()
+
+    def _remapped(self, info: dict[str, Any], data_address: str, platform: str) -> None:
+        """The controller mapped this lost slice onto another host's devices."""
+        with self._changed:
+            self.island = str(info["island"])
+            self.host = str(info["host"])
+            self.devices = [int(d) for d in info["devices"]]
+            self.data_address = data_address
+            self.platform = platform
+            self.signature = (tuple(self.mesh_shape.items()), platform)
+            self.epoch += 1
+            self._hosts.append(self.host)
+            self.state = "active"
+            self._changed.notify_all()
 
     def check_active(self) -> None:
         if self.state == "released":
@@ -171,8 +222,9 @@ class VirtualSlice:
         return NamedSharding(self.abstract_mesh, spec)
 
     def release(self) -> None:
-        """Free the slice's devices; its arrays are deleted. Releasing twice is a no-op."""
-        if self.state == "active":
+        """Free the slice's devices; its arrays are deleted. Releasing twice is a no-op.
+        A lost slice released is not remapped."""
+        if self.state in ("active", "lost"):
             self._client._release(self)
 
     def __enter__(self) -> VirtualSlice:

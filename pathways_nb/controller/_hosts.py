@@ -15,7 +15,7 @@ from typing import Any
 from pathways_nb._core import Config, DataLossError, ProtocolError, Versions
 from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._records import Launch
-from pathways_nb.controller._resources import HostInfo, ResourceManager
+from pathways_nb.controller._resources import HostInfo, ResourceManager, SliceInfo
 from pathways_nb.controller._scheduler import GangScheduler
 from pathways_nb.controller._tenants import Tenants
 from pathways_nb.wire import RouterSocket, check, decode, encode, peer_id
@@ -27,6 +27,9 @@ _HOST_TYPES = frozenset({"register", "acks", "parked", "host_reply", "heartbeat"
 # Completion notices to a client wait at most this long, or until this many are buffered.
 _DONE_DELAY = 0.02
 _DONE_BATCH = 256
+# Handles of arrays lost with their hosts, remembered (the newest) so that a program
+# given one hears it was lost rather than that it never existed.
+_LOST_HANDLES = 100_000
 
 
 class HostMessages:
@@ -48,6 +51,7 @@ class HostMessages:
     _transfers: dict[int, tuple[str, str, int]]
     _where: dict[int, str]
     _slice_handles: dict[str, set[int]]
+    _lost_handles: dict[int, str]
     _probes: dict[int, tuple[bytes, int, str]]
     # tenant -> [lid, error] notices not yet sent; when the oldest must go (monotonic).
     _done_buf: dict[int, list[Any]]
@@ -124,6 +128,34 @@ class HostMessages:
             "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
         )
         self._hosts.send_multipart([identity, *encode({"t": "welcome"})])
+        if self.config.remap_lost_slices:
+            for s in self.rm.remap_lost():
+                self._remapped(s)
+
+    def _remapped(self, s: SliceInfo) -> None:
+        """A lost slice is active again on a live host's devices: its client hears where."""
+        self._slice_handles[s.slice] = set()
+        host = self.rm.hosts[s.host]
+        self.events.add(
+            "remap",
+            s.tenant,
+            slice=s.slice,
+            island=s.island,
+            host=s.host,
+            detail=f"{s.name} onto devices {s.devices}",
+        )
+        log.warning("slice %s remapped onto host %s", s.name, s.host)
+        t = self.tenants.by_id.get(s.tenant)
+        if t is not None:
+            self._send_client(
+                t.identity,
+                {
+                    "t": "remapped",
+                    "slice": s.to_dict(),
+                    "data_address": host.data_address,
+                    "platform": host.platform,
+                },
+            )
 
     def _on_acks(self, host: str, items: list[Any]) -> None:
         by_tenant: dict[int, list[Any]] = {}
@@ -244,6 +276,9 @@ class HostMessages:
             per_tenant.setdefault(s.tenant, []).append(s.slice)
             for hd in self._slice_handles.pop(s.slice, set()):
                 self._where.pop(hd, None)
+                self._lost_handles[hd] = host
+        while len(self._lost_handles) > _LOST_HANDLES:
+            self._lost_handles.pop(next(iter(self._lost_handles)))
         for tenant, sids in per_tenant.items():
             t = self.tenants.by_id.get(tenant)
             if t is not None:

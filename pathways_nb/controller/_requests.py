@@ -45,6 +45,7 @@ class ClientRequests:
     _transfers: dict[int, tuple[str, str, int]]
     _where: dict[int, str]
     _slice_handles: dict[str, set[int]]
+    _lost_handles: dict[int, str]
     _probes: dict[int, tuple[bytes, int, str]]
     _next_rid: int
 
@@ -155,6 +156,12 @@ class ClientRequests:
         for hd in ins:
             where = self._where.get(hd)
             if where != s.slice:
+                if where is None and hd in self._lost_handles:
+                    raise DataLossError(
+                        f"input {hd:#x} of program {prog.name} was lost with host "
+                        f"{self._lost_handles[hd]}; put its value again",
+                        host=self._lost_handles[hd],
+                    )
                 raise ClosedError(
                     f"input {hd:#x} of program {prog.name} is "
                     + ("not a live array" if where is None else f"on slice {where}, not {s.slice}")
@@ -180,6 +187,12 @@ class ClientRequests:
         self._track(h["dst"], dst.slice)
         src_sid = self._where.get(h["src"])
         if src_sid is None:
+            lost_with = self._lost_handles.get(h["src"])
+            if lost_with is not None:
+                raise DataLossError(
+                    f"array {h['src']:#x} was lost with host {lost_with}; it cannot be moved",
+                    host=lost_with,
+                )
             raise ClosedError(f"array {h['src']:#x} is not a live array; it cannot be moved")
         src = self.rm.active(src_sid, t.tenant)
         dst_host = self.rm.hosts[dst.host]

@@ -1,7 +1,8 @@
 """The resource manager: hosts, islands, devices and virtual slices, as a state machine.
 
 Events in (a host registers, a client allocates or releases, a host is lost), decisions
-out (which physical devices back a virtual slice). No sockets, no threads.
+out (which physical devices back a virtual slice, and where a lost slice goes once a host
+with room for it registers). No sockets, no threads.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class ResourceManager:
         self.slices: dict[str, SliceInfo] = {}
         self._gone: collections.OrderedDict[str, SliceInfo] = collections.OrderedDict()
         self._used: dict[str, set[int]] = {}  # host -> device ids held by active slices
+        # Lost slices waiting for devices, oldest loss first: slice -> its platform.
+        self._lost: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._next_slice = 0
 
     # events -------------------------------------------------------------------------
@@ -81,8 +84,49 @@ class ResourceManager:
         lost = [s for s in self.slices.values() if s.host == host and s.state == "active"]
         for s in lost:
             s.state = "lost"
+            self._lost[s.slice] = info.platform
         self._used[host] = set()
         return lost
+
+    def remap_lost(self) -> list[SliceInfo]:
+        """Lost slices move onto free devices of a live island of their platform (the
+        one they were on, restarted, first; then as :meth:`allocate` spreads), oldest
+        loss first. Returns the slices moved, active again on their new devices."""
+        moved = []
+        for sid, platform in list(self._lost.items()):
+            s = self.slices.get(sid)
+            if s is None or s.state != "lost":
+                del self._lost[sid]
+                continue
+            host = self._place(s.size, platform, prefer=s.island)
+            if host is None:
+                continue
+            del self._lost[sid]
+            info = self.hosts[host]
+            s.devices = self._take(host, s.size)
+            s.host, s.island, s.state = host, info.island, "active"
+            moved.append(s)
+        return moved
+
+    def _place(self, need: int, platform: str | None, prefer: str = "") -> str | None:
+        """The live host to place ``need`` devices on (see :meth:`allocate`), or None."""
+        candidates = []
+        for h in self.hosts.values():
+            if not h.alive or (platform is not None and h.platform != platform):
+                continue
+            free = len(h.devices) - len(self._used[h.host])
+            if free >= need:
+                load = sum(
+                    1 for s in self.slices.values() if s.host == h.host and s.state == "active"
+                )
+                candidates.append((h.island != prefer, load, -free, h.host))
+        return min(candidates)[-1] if candidates else None
+
+    def _take(self, host: str, need: int) -> list[int]:
+        info = self.hosts[host]
+        ids = [d for d in info.devices if d not in self._used[host]][:need]
+        self._used[host].update(ids)
+        return ids
 
     def allocate(self, tenant: int, mesh: dict[str, int], name: str | None) -> SliceInfo:
         """Place a virtual slice of shape ``mesh`` on free devices of one island.
@@ -98,26 +142,15 @@ class ResourceManager:
                         f"this client already has an active slice named {name!r}; "
                         "release it first or choose another name"
                     )
-        candidates = []
-        for h in self.hosts.values():
-            if not h.alive:
-                continue
-            free = len(h.devices) - len(self._used[h.host])
-            if free >= need:
-                load = sum(
-                    1 for s in self.slices.values() if s.host == h.host and s.state == "active"
-                )
-                candidates.append((load, -free, h.host))
-        if not candidates:
+        host = self._place(need, None)
+        if host is None:
             raise BusyError(
                 f"no island has {need} free devices for mesh {mesh}; free devices per island: "
                 f"{self.free_summary() or 'none (no live hosts)'}. Release a slice, ask for a "
                 "smaller mesh, or add hosts."
             )
-        _, _, host = min(candidates)
         info = self.hosts[host]
-        free_ids = [d for d in info.devices if d not in self._used[host]][:need]
-        self._used[host].update(free_ids)
+        free_ids = self._take(host, need)
         self._next_slice += 1
         sid = f"s{self._next_slice}"
         s = SliceInfo(

@@ -42,18 +42,33 @@ class InProcessCluster:
         self.hosts: list[Host] = []
         for i in range(islands):
             devs = devices[i * devices_per_island : (i + 1) * devices_per_island]
-            host = Host(
-                f"host{i}",
-                self.controller.host_address,
-                devices=devs,
-                island=f"island{i}",
-                config=self.config,
-                context=self.context,
-                inproc=True,
-            )
-            self.hosts.append(host.start())
+            self.hosts.append(self._host(i, devs).start())
         self._clients: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
+
+    def _host(self, i: int, devices: Any) -> Host:
+        return Host(
+            f"host{i}",
+            self.controller.host_address,
+            devices=devices,
+            island=f"island{i}",
+            config=self.config,
+            context=self.context,
+            inproc=True,
+        )
+
+    def restart_host(self, index: int) -> Host:
+        """Stop host ``index`` and start a fresh one on its devices under its name, as a
+        Dask nanny restarts a worker that died: its arrays are lost, and the controller
+        maps its slices onto the new host when it registers."""
+        if self._closed:
+            raise ClosedError("this in-process cluster was closed; start a new one")
+        if not 0 <= index < len(self.hosts):
+            raise IndexError(f"host index {index} out of range: the cluster has {len(self.hosts)}")
+        old = self.hosts[index]
+        old.stop()
+        self.hosts[index] = self._host(index, old.devices).start()
+        return self.hosts[index]
 
     @property
     def controller_address(self) -> str:

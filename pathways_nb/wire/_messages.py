@@ -59,6 +59,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "reply": {"rid": _INT},
     "done": {"items": _LIST},
     "host_lost": {"host": _STR, "slices": _LIST},
+    "remapped": {"slice": _DICT, "data_address": _STR, "platform": _STR},
     # host -> controller
     "register": {
         "host": _STR,

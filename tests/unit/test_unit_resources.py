@@ -258,3 +258,42 @@ def test_a_departed_tenants_lost_slices_are_forgotten_with_it() -> None:
     assert [s["slice"] for s in rm.snapshot()["slices"]] == [kept.slice]
     with pytest.raises(DataLossError, match="was lost"):
         rm.active(lost.slice, 1)  # still known, and still says why
+
+
+def test_a_lost_slice_goes_back_to_its_restarted_island_first() -> None:
+    rm = manager(host("a", 4), host("b", 4))
+    s = rm.allocate(1, {"x": 2}, "mine")
+    assert rm.remap_lost() == []  # nothing is lost
+    was = s.island
+    rm.lose_host(s.host)
+    spare = "b" if s.host == "a" else "a"
+    assert rm.remap_lost() == [s]  # the spare island has room: it takes the slice
+    assert (s.state, s.host, s.devices) == ("active", spare, [0, 1])
+    rm.lose_host(spare)
+    assert rm.remap_lost() == [] and s.state == "lost"  # no live host at all now
+    restarted = host("a" if spare == "b" else "b", 4, island=was)
+    rm.add_host(restarted)
+    (moved,) = rm.remap_lost()
+    assert moved is s and s.island == was and s.state == "active"
+    assert used(rm)[restarted.host] == [0, 1]
+    assert rm.active(s.slice, 1) is s
+
+
+def test_lost_slices_move_oldest_first_where_they_fit_and_released_ones_never() -> None:
+    rm = manager(host("a", 4), host("b", 2), host("c", 2))
+    big = rm.allocate(1, {"x": 4}, None)  # on a
+    small = rm.allocate(2, {"x": 2}, None)  # on b or c
+    dropped = rm.allocate(3, {"x": 2}, None)  # the other one
+    rm.lose_host(small.host)
+    rm.lose_host(dropped.host)
+    rm.lose_host(big.host)
+    rm.release(dropped.slice, 3)
+    rm.add_host(host("d", 2))
+    assert rm.remap_lost() == [small]  # big does not fit; dropped was released
+    assert big.state == "lost" and dropped.state == "lost"
+    gpu = host("e", 8)
+    gpu.platform = "cuda"
+    rm.add_host(gpu)
+    assert rm.remap_lost() == [] and big.state == "lost"  # programs were made for cpu
+    rm.add_host(host("f", 8))
+    assert rm.remap_lost() == [big] and big.host == "f"
