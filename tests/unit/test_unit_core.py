@@ -204,6 +204,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "cpu_device_nice": "5",
         "cpu_device_idle": "0",
         "cpu_device_spread": "1",
+        "remap_lost_slices": "0",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -222,6 +223,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         cpu_device_nice=5,
         cpu_device_idle=False,
         cpu_device_spread=True,
+        remap_lost_slices=False,
     )
 
 
