@@ -381,3 +381,37 @@ def test_a_failure_in_stage_two_reaches_the_loss(
     with pytest.raises(pw.RemoteError, match="injected fault") as info:
         float(loss)
     assert info.value.program == "stage2:layer.fwd"
+
+
+def test_training_goes_on_from_a_checkpoint_after_a_stage_host_restarts() -> None:
+    """A stage's host dies mid-training: the step fails with DataLossError, the restarted
+    host takes the stage's slice back, and the same step function, given the checkpoint
+    put back on the slices, trains on to the losses plain JAX gives without the failure."""
+    x, y = _batch()
+    want = _reference(_params(SIZES), x, y, 6)
+    with pw.InProcessCluster(4, 2) as c, c.client() as client:
+        slices = [client.allocate({"data": 2}) for _ in range(4)]
+        step = pw.pipeline(
+            [layer, layer, layer, head], slices, mse, optax.adam(1e-2), microbatches=4
+        )
+        params, state = step.init(_params(SIZES))
+        losses = []
+        for _ in range(3):
+            params, state, loss = step(params, state, x, y)
+            losses.append(float(loss))
+        checkpoint = pw.fetch((params, state))
+        victim = slices[2]
+        c.controller.host_lost(victim.host, "test")
+        deadline = time.monotonic() + 10
+        while victim.state != "lost" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(pw.DataLossError):
+            float(step(params, state, x, y)[2])
+        c.restart_host([h.name for h in c.hosts].index(victim.host))
+        victim.wait_active(timeout=10)
+        params = [s.put(p) for s, p in zip(slices, checkpoint[0], strict=True)]
+        state = [s.put(st) for s, st in zip(slices, checkpoint[1], strict=True)]
+        for _ in range(3):
+            params, state, loss = step(params, state, x, y)
+            losses.append(float(loss))
+    np.testing.assert_allclose(losses, want, rtol=2e-5, atol=1e-6)

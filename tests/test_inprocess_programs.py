@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -46,7 +47,8 @@ def test_put_fetch_roundtrip_dtypes_and_specs(client: pw.Client) -> None:
 
 def test_put_takes_pytrees_with_one_spec_or_a_tree_of_them(client: pw.Client) -> None:
     """As jax.device_put does: a dict (or another pytree node) of arrays comes back as
-    the same tree of RemoteArrays; a list stays one array-like, as np.asarray reads it."""
+    the same tree of RemoteArrays; a list of numbers and arrays stays one array-like, as
+    np.asarray reads it, and a list or tuple holding containers is a pytree."""
     vs = client.allocate({"data": 2})
     w, b = np.arange(8.0, dtype=np.float32).reshape(4, 2), np.ones(2, np.float32)
     params = vs.put({"w": w, "b": b, "none": None}, {"w": P("data"), "b": P(), "none": None})
@@ -74,6 +76,15 @@ def test_put_takes_pytrees_with_one_spec_or_a_tree_of_them(client: pw.Client) ->
     both = vs.put(Pair(w, b), P())
     assert isinstance(both, Pair) and both.a.spec == P() and both.b.shape == (2,)
     assert vs.put([1.0, 2.0], P("data")).shape == (2,)
+    assert vs.put([w, w]).shape == (2, 4, 2)  # arrays in a list stack, as np.asarray's
+    # A tuple or list holding containers is a pytree: an optimizer state, a model's layers.
+    state = optax.adam(1e-2).init({"w": w, "b": b})
+    remote = vs.put(state)
+    assert jax.tree.structure(remote) == jax.tree.structure(state)
+    for want, have in zip(jax.tree.leaves(state), pw.fetch(jax.tree.leaves(remote)), strict=True):
+        np.testing.assert_array_equal(have, np.asarray(want))
+    layers = vs.put([{"w": w}, {"w": 2 * w}])
+    assert isinstance(layers, list) and np.array_equal(layers[1]["w"].fetch(), 2 * w)
     with pytest.raises(ValueError, match="pytree of them matching"):
         vs.put({"w": w}, {"w": P("data"), "extra": P()})
     with pytest.raises(TypeError, match="PartitionSpec"):

@@ -239,11 +239,15 @@ class VirtualSlice:
 
 def _is_tree(value: Any) -> bool:
     """Whether ``put`` takes ``value`` as a pytree of arrays rather than one array:
-    a dict or another pytree node, but not a list or tuple (array-likes to NumPy) and
-    not an array."""
+    a dict or another pytree node, but not an array, and not a list or tuple of numbers
+    and arrays (an array-like, to NumPy). A list or tuple holding a dict, a named tuple
+    or another container of that kind (an optimizer's state, a list of layers' parameters)
+    is a pytree, as for ``jax.device_put``."""
     if isinstance(value, dict):
         return True
-    if type(value) in (list, tuple) or hasattr(value, "__array__") or hasattr(value, "dtype"):
+    if type(value) in (list, tuple):
+        return any(_is_tree(v) or v is None for v in value)
+    if hasattr(value, "__array__") or hasattr(value, "dtype"):
         return False
     import jax
 
