@@ -372,6 +372,13 @@ def test_without_remapping_a_lost_slice_stays_lost_and_its_devices_are_free() ->
         vs.release()
         with pytest.raises(pw.ClosedError, match="released"):
             vs.wait_active(timeout=0.3)
+        fresh.release()
+        lost = client.allocate({"x": 2})
+        c.controller.host_lost(lost.host, "test")
+        _wait_state(lost, "lost")
+        threading.Timer(0.2, client.close).start()
+        with pytest.raises(pw.ClosedError, match="client was closed"):
+            lost.wait_active()  # no timeout: the client's closing ends the wait
 
 
 def test_a_transfer_from_a_lost_host_fails_its_consumer_at_once() -> None:

@@ -108,10 +108,12 @@ class VirtualSlice:
         """Return once the slice can run programs: at once if it is active; if it was
         lost, once the controller has remapped it onto a host with room for it.
         Raises :class:`TimeoutError` if that takes longer than ``timeout`` seconds, and
-        ``ClosedError`` for a released slice."""
+        ``ClosedError`` for a released slice or a closed client. Interrupting the kernel
+        stops the wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while self.state == "lost":
+                self._client._check_open()  # a closed client hears no remap
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
