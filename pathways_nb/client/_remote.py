@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from pathways_nb._core import ClosedError, DataLossError, PathwaysError, entry_axes
+from pathways_nb.client._at import At
 from pathways_nb.client._shards import Placement
 
 if TYPE_CHECKING:
@@ -411,10 +412,10 @@ class RemoteArray(Placement):
         return self._client._method(self, "imag", None, (), {})
 
     @property
-    def at(self) -> _At:
+    def at(self) -> At:
         """``x.at[index].set(v)`` (and ``add``, ``multiply``, ``divide``, ``power``,
         ``min``, ``max``, ``get``), as ``jax.Array.at``: a new array, on this slice."""
-        return _At(self)
+        return At(self)
 
     def astype(self, dtype: Any) -> RemoteArray:
         return self._client._method(self, "astype", None, (np.dtype(dtype),), {})
@@ -485,53 +486,6 @@ METHODS = (
 )
 for _m in METHODS:
     setattr(RemoteArray, _m, _method(_m))
-
-
-class _At:
-    """``RemoteArray.at``: indexed updates, each a new array made on the slice."""
-
-    __slots__ = ("_x",)
-
-    def __init__(self, x: RemoteArray) -> None:
-        self._x = x
-
-    def __getitem__(self, index: Any) -> _AtIndex:
-        return _AtIndex(self._x, index)
-
-
-class _AtIndex:
-    __slots__ = ("_index", "_x")
-
-    def __init__(self, x: RemoteArray, index: Any) -> None:
-        self._x = x
-        self._index = index
-
-    def _update(self, how: str, *args: Any, **kwargs: Any) -> RemoteArray:
-        return self._x._client._method(self._x, how, (self._index,), args, kwargs)
-
-    def set(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("set", values, **kwargs)
-
-    def add(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("add", values, **kwargs)
-
-    def multiply(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("multiply", values, **kwargs)
-
-    def divide(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("divide", values, **kwargs)
-
-    def power(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("power", values, **kwargs)
-
-    def min(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("min", values, **kwargs)
-
-    def max(self, values: Any, **kwargs: Any) -> RemoteArray:
-        return self._update("max", values, **kwargs)
-
-    def get(self, **kwargs: Any) -> RemoteArray:
-        return self._update("get", **kwargs)
 
 
 def _dtype_name(dtype: Any) -> str:
