@@ -97,13 +97,7 @@ class Answers:
     def one(self, identity: bytes, rid: int, kind: str, handle: int) -> None:
         """Answer a ``fetch`` or ``wait`` of one array once it is computed."""
 
-        def ready(entry: Entry) -> None:
-            if entry.error is not None or kind == "wait" or entry.nbytes <= INLINE_BYTES:
-                self._answer(identity, rid, kind, [entry])
-            else:
-                self._pool.submit(self._answer, identity, rid, kind, [entry])
-
-        self._store.when_ready(handle, ready)
+        self._store.when_ready(handle, lambda entry: self._send(identity, rid, kind, [entry]))
 
     def many(self, identity: bytes, rid: int, kind: str, handles: list[Any]) -> None:
         """Answer a ``fetch_many`` or ``wait_many`` once all its arrays are computed."""
@@ -123,10 +117,7 @@ class Answers:
             return
 
         def all_ready(entries: list[Entry]) -> None:
-            if kind == "wait_many" or sum(e.nbytes for e in entries) <= INLINE_BYTES:
-                self._answer(identity, rid, kind, entries)
-            else:
-                self._pool.submit(self._answer, identity, rid, kind, entries)
+            self._send(identity, rid, kind, entries)
 
         def failed(index: int, entry: Entry) -> None:
             assert entry.error is not None
@@ -135,6 +126,15 @@ class Answers:
         gathering = _Gathering(len(handles), all_ready, failed)
         for i, handle in enumerate(handles):
             self._store.when_ready(handle, gathering.waiter(i))
+
+    def _send(self, identity: bytes, rid: int, kind: str, entries: list[Entry]) -> None:
+        """Answer now, on this thread, unless the answer copies many bytes: then on the
+        pool."""
+        small = sum(e.nbytes for e in entries) <= INLINE_BYTES
+        if small or kind.startswith("wait") or any(e.error is not None for e in entries):
+            self._answer(identity, rid, kind, entries)
+        else:
+            self._pool.submit(self._answer, identity, rid, kind, entries)
 
     def _answer(self, identity: bytes, rid: int, kind: str, entries: list[Entry]) -> None:
         """Send the arrays of ``entries`` (or, for a wait, that they are computed), or
