@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 
@@ -81,12 +82,21 @@ class Config:
     # Whether a slice lost with its host moves onto the devices of a host that joins with
     # room for it (a restarted one first), as the same VirtualSlice; its arrays stay lost.
     remap_lost_slices: bool = True
+    # Seconds a client's new work for a lost slice (a put, a program, an array moved
+    # there) waits for the slice's remap before it fails with DataLossError; 0 fails at
+    # once. Work whose inputs were lost with the slice fails at once either way.
+    remap_wait_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
             raise ValueError(
                 f"host_executables must be at least 1; got {self.host_executables} "
                 "(PATHWAYS_HOST_EXECUTABLES)"
+            )
+        if not (self.remap_wait_seconds >= 0 and math.isfinite(self.remap_wait_seconds)):
+            raise ValueError(
+                "remap_wait_seconds must be a finite number of seconds, 0 or more; "
+                f"got {self.remap_wait_seconds} (PATHWAYS_REMAP_WAIT_SECONDS)"
             )
         if not 0 <= self.cpu_device_nice <= 19:
             raise ValueError(
@@ -116,6 +126,7 @@ class Config:
             cpu_device_idle=_env_bool("PATHWAYS_CPU_DEVICE_IDLE", d.cpu_device_idle),
             cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
             remap_lost_slices=_env_bool("PATHWAYS_REMAP_LOST_SLICES", d.remap_lost_slices),
+            remap_wait_seconds=_env_float("PATHWAYS_REMAP_WAIT_SECONDS", d.remap_wait_seconds),
         )
 
 

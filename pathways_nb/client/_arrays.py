@@ -45,7 +45,7 @@ class ArrayIO(ProgramCalls):
 
     def _put(self, vs: VirtualSlice, value: Any, spec: PartitionSpec | None) -> RemoteArray:
         self._check_open()
-        vs.check_active()
+        vs._ready_for_work()
         spec = PartitionSpec() if spec is None else spec
         if not isinstance(spec, PartitionSpec):
             raise TypeError(f"put takes a PartitionSpec over the slice's axes; got {spec!r}")

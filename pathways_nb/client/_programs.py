@@ -143,7 +143,9 @@ class ProgramCalls:
                 f"{f.name}: no slice to run on. Pass RemoteArrays, pin it with "
                 "pw.jit(..., slice=vs), or set a default with `with vs:`."
             )
-        vs.check_active()
+        if vs.state == "lost" and any(type(x) is RemoteArray and x.slice is vs for x in leaves):
+            vs.check_active()  # its inputs went with the host: no remap brings them back
+        vs._ready_for_work()
         return vs
 
     def _onto(
@@ -203,7 +205,7 @@ class ProgramCalls:
         Without a sharding from the consumer, the copy keeps ``x``'s PartitionSpec where
         the destination mesh has those axes and is replicated otherwise.
         """
-        vs.check_active()
+        vs._ready_for_work()
         spec = _moved_spec(x, vs, spec)
         key = (vs.id, spec)
         copies = x._copies

@@ -24,6 +24,7 @@ from pathways_nb._core import (
     PathwaysError,
     RemoteError,
     VersionMismatchError,
+    default_config,
     encode_mesh,
     local_versions,
     validate_mesh_shape,
@@ -151,6 +152,11 @@ class Client(ArrayIO):
         self.tenant: int = int(h["tenant"])
         self.window: int = int(h.get("window", 16))
         self.max_queued: int = int(h.get("max_queued", 10_000))
+        # Seconds new work for a lost slice waits for its remap (0: fails at once); a
+        # controller that does not remap lost slices makes it 0.
+        self.remap_wait_seconds: float = (
+            default_config().remap_wait_seconds if h.get("remaps") else 0.0
+        )
         self._ids = HandleAllocator(self.tenant)
         Client._current = self
         _OPEN.add(self)

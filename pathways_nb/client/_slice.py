@@ -155,6 +155,30 @@ class VirtualSlice:
                 host=self.host,
             )
 
+    def _ready_for_work(self) -> None:
+        """Return once new work (a put, a program, an array moved here) can go to the
+        slice: at once if it is active; if it is lost, once it has been remapped, for up
+        to the client's ``remap_wait_seconds``. Raises DataLossError after that, and
+        ClosedError for a released slice."""
+        if self.state != "lost":
+            self.check_active()
+            return
+        wait = self._client.remap_wait_seconds
+        if wait <= 0:
+            self.check_active()
+        try:
+            self.wait_active(wait)
+        except TimeoutError:
+            raise DataLossError(
+                f"slice {self.name!r} was lost with host {self.host} and has not been "
+                f"remapped after {wait:g} s (client.remap_wait_seconds, from "
+                f"PATHWAYS_REMAP_WAIT_SECONDS): no live island has joined with {self.size} "
+                f"free {self.platform} devices. Restart or add a host, or release slices "
+                "(client.status() shows what is free)",
+                slice=self.name,
+                host=self.host,
+            ) from None
+
     def put(self, value: Any, spec: Any = None) -> Any:
         """Send ``value`` to this slice's host: a RemoteArray for an array (array-like,
         or a typed PRNG key array), the same pytree of RemoteArrays for a dict or other

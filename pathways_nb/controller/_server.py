@@ -372,6 +372,7 @@ class Controller(ClientRequests, HostMessages):
                 "tenant": t.tenant,
                 "window": self.config.inflight_window,
                 "max_queued": self.config.max_queued_per_client,
+                "remaps": self.config.remap_lost_slices,
             },
         )
 

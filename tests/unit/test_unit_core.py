@@ -205,6 +205,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "cpu_device_idle": "0",
         "cpu_device_spread": "1",
         "remap_lost_slices": "0",
+        "remap_wait_seconds": "12.5",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -224,6 +225,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         cpu_device_idle=False,
         cpu_device_spread=True,
         remap_lost_slices=False,
+        remap_wait_seconds=12.5,
     )
 
 
@@ -258,6 +260,15 @@ def test_a_nice_value_out_of_range_says_which_range(
 def test_a_host_must_keep_at_least_one_executable(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("PATHWAYS_HOST_EXECUTABLES", "0")
     with pytest.raises(ValueError, match=r"at least 1; got 0 \(PATHWAYS_HOST_EXECUTABLES\)"):
+        Config.from_env()
+
+
+@pytest.mark.parametrize("wait", ["-1", "inf", "nan"])
+def test_a_remap_wait_must_be_finite_and_not_negative(
+    clean_env: pytest.MonkeyPatch, wait: str
+) -> None:
+    clean_env.setenv("PATHWAYS_REMAP_WAIT_SECONDS", wait)
+    with pytest.raises(ValueError, match=r"0 or more; got .* \(PATHWAYS_REMAP_WAIT_SECONDS\)"):
         Config.from_env()
 
 

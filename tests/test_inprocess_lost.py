@@ -1,0 +1,109 @@
+"""New work for a lost slice waits for its remap; work that needs what was lost fails at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb._core import Config
+
+
+def _lose(c: pw.InProcessCluster, vs: pw.VirtualSlice) -> int:
+    """Declare ``vs``'s host lost; the index of that host in the cluster."""
+    index = [h.name for h in c.hosts].index(vs.host)
+    c.controller.host_lost(vs.host, "test")
+    deadline = time.monotonic() + 10
+    while vs.state != "lost" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert vs.state == "lost"
+    return index
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_puts_programs_and_moves_for_a_lost_slice_wait_for_its_remap() -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        assert client.remap_wait_seconds == Config().remap_wait_seconds
+        vs = client.allocate({"x": 2})
+        other = client.allocate({"x": 2})
+        w = vs.put(np.arange(2.0, dtype=np.float32), P("x"))
+        y = other.put(np.full(2, 5.0, np.float32), P("x"))
+        index = _lose(c, vs)
+        # Work that needs the lost arrays fails at once, however long new work may wait.
+        t0 = time.monotonic()
+        with pytest.raises(pw.DataLossError, match="lost with host"):
+            pw.jit(lambda a: a + 1)(w)
+        with pytest.raises(pw.DataLossError, match="lost with host"):
+            pw.jit(lambda a: a + 1, slice=other)(w)  # nor can they move
+        assert time.monotonic() - t0 < 1.0
+        # New work waits: a put, a pinned program given NumPy, an array moved there.
+        waiting = [
+            _in_thread(lambda: vs.put(np.full(2, 3.0, np.float32), P("x"))),
+            _in_thread(lambda: pw.jit(lambda a: a * 2, slice=vs)(np.ones(2, np.float32))),
+            _in_thread(lambda: pw.jit(lambda a: a + 1, slice=vs)(y)),
+        ]
+        time.sleep(0.3)
+        assert all(t.is_alive() for t, _ in waiting)  # none failed while the slice is lost
+        c.restart_host(index)
+        for t, _ in waiting:
+            t.join(timeout=20)
+        results = [out.get("value", out.get("error")) for _, out in waiting]
+        assert all(isinstance(r, pw.RemoteArray) for r in results), results
+        assert vs.epoch == 1 and vs.state == "active"
+        for r, want in zip(results, (3.0, 2.0, 6.0), strict=True):
+            assert r.slice is vs and r._epoch == 1
+            np.testing.assert_array_equal(r.fetch(), np.full(2, want, np.float32))
+
+
+def test_new_work_fails_once_the_wait_is_over_or_the_slice_is_released() -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        _lose(c, vs)
+        client.remap_wait_seconds = 0.3
+        t0 = time.monotonic()
+        with pytest.raises(pw.DataLossError, match=r"has not been remapped after 0.3 s") as info:
+            vs.put(np.ones(2, np.float32), P("x"))
+        assert 0.3 <= time.monotonic() - t0 < 3.0
+        assert "PATHWAYS_REMAP_WAIT_SECONDS" in str(info.value)
+        assert "2 free cpu devices" in str(info.value)
+        client.remap_wait_seconds = 30.0
+        threading.Timer(0.2, vs.release).start()
+        t0 = time.monotonic()
+        with pytest.raises(pw.ClosedError, match="released"):
+            pw.jit(lambda a: a + 1, slice=vs)(np.ones(2, np.float32))
+        assert time.monotonic() - t0 < 5.0
+        # The other host and its slices never noticed.
+        other = client.allocate({"x": 2})
+        np.testing.assert_array_equal(
+            (other.put(np.ones(2, np.float32), P("x")) + 1).fetch(), np.full(2, 2.0)
+        )
+
+
+def test_without_remapping_new_work_for_a_lost_slice_fails_at_once() -> None:
+    config = Config(remap_lost_slices=False)
+    with pw.InProcessCluster(1, 2, config=config) as c, c.client() as client:
+        assert client.remap_wait_seconds == 0.0  # nothing would end the wait
+        vs = client.allocate({"x": 2})
+        _lose(c, vs)
+        t0 = time.monotonic()
+        with pytest.raises(pw.DataLossError, match="was lost with host"):
+            vs.put(np.ones(2, np.float32), P("x"))
+        assert time.monotonic() - t0 < 1.0
