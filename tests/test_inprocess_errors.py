@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
@@ -123,6 +124,37 @@ def test_an_array_donated_and_passed_again_in_one_call_is_refused(client: pw.Cli
     assert info.value.kind == "invalid" and info.value.program == "add"
     z = vs.put(np.ones(4, np.float32), P("data"))
     np.testing.assert_array_equal(add(z, vs.put(np.ones(4, np.float32))).fetch(), 2 * np.ones(4))
+
+
+def test_operators_refuse_what_jax_array_operators_refuse(client: pw.Client) -> None:
+    """A string, None or a list beside a RemoteArray gets Python's own TypeError, as
+    beside a jax.Array (no put is tried); ``==`` with one of them compares identities."""
+    vs = client.allocate({"data": 2})
+    x, j = vs.put(np.ones(4, np.float32), P("data")), jnp.ones(4, np.float32)
+    for other in ("a", None, [1, 2, 3, 4], object()):
+        for t in (j, x):
+            with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for \+"):
+                t + other
+            with pytest.raises(TypeError) as info:
+                other * t  # Python's message, which names the left operand's type
+            assert "put" not in str(info.value)
+        if isinstance(other, list):
+            for t in (j, x):
+                with pytest.raises(TypeError, match=r"unsupported operand type.* and 'list'"):
+                    t == other  # noqa: B015
+        else:
+            assert (x == other) is (j == other) is False
+            assert (x != other) is (j != other) is True
+    for other in (np.ones(4, np.float32), np.float32(2), jnp.ones(4), 3, 0.5, True):
+        np.testing.assert_array_equal((x + other).fetch(), j + other)
+        np.testing.assert_array_equal((other - x).fetch(), other - j)
+
+
+def test_a_ragged_put_says_what_put_takes(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    with pytest.raises(TypeError, match=r"array-like.*list \[\[1, 2\], \[3\]\] is not one") as info:
+        vs.put([[1, 2], [3]])
+    assert "dict or tuple of arrays" in str(info.value) and info.value.__cause__ is None
 
 
 def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> None:

@@ -60,7 +60,14 @@ class ArrayIO(ProgramCalls):
             data = np.asarray(jax.random.key_data(value), order="C")
         else:
             # A view where it can be, so that its size is checked before anything is copied.
-            data = np.asarray(value)
+            try:
+                data = np.asarray(value)
+            except ValueError as exc:
+                raise TypeError(
+                    f"put takes an array-like (what np.asarray reads as one array); "
+                    f"{type(value).__name__} {_short(value)} is not one: {exc}. Several arrays "
+                    "go as a dict or tuple of arrays, each leaf put as its own RemoteArray"
+                ) from None
             self._check_put_fits(vs, data.nbytes)
             data = np.asarray(data, order="C")
             if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
@@ -283,3 +290,8 @@ class ArrayIO(ProgramCalls):
 
 def _same(v: Any) -> Any:
     return v
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -426,9 +426,13 @@ class RemoteArray(Placement):
         return self._client._method(self, "reshape", None, (tuple(shape),), kwargs)
 
     def __eq__(self, other: Any) -> Any:
+        if not _operand(other):
+            return _not_comparable(self, other)
         return self._client._op("eq", operator.eq, self, other)
 
     def __ne__(self, other: Any) -> Any:
+        if not _operand(other):
+            return _not_comparable(self, other)
         return self._client._op("ne", operator.ne, self, other)
 
     # Elementwise ==, as on a jax.Array; the handle itself is what identifies the array.
@@ -504,8 +508,31 @@ def _rows(x: Any) -> tuple[Any, ...]:
     return tuple(x[i] for i in range(x.shape[0]))
 
 
+def _operand(other: Any) -> bool:
+    """Whether a jax.Array's operator takes ``other``: arrays and numbers; for anything
+    else (a list, a string, None) it returns NotImplemented, and so does a RemoteArray."""
+    if isinstance(other, RemoteArray | int | float | complex | np.ndarray | np.generic):
+        return True
+    import jax
+
+    return isinstance(other, jax.Array)
+
+
+def _not_comparable(x: RemoteArray, other: Any) -> Any:
+    """``x == other`` for what no program takes, as a jax.Array answers it: a container
+    is refused (not silently unequal); anything else is compared by identity."""
+    if type(other) in (dict, list, set, tuple):
+        raise TypeError(
+            f"unsupported operand type(s) for ==: {type(x).__name__!r} and {type(other).__name__!r}"
+        )
+    return NotImplemented
+
+
 def _binary(op: Callable[[Any, Any], Any], name: str, reflected: bool) -> Callable[..., Any]:
     def method(self: RemoteArray, other: Any) -> Any:
+        if not _operand(other):
+            return NotImplemented
+
         def fn(a: Any, b: Any) -> Any:
             return op(b, a) if reflected else op(a, b)
 
