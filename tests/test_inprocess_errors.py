@@ -45,6 +45,14 @@ def test_injected_fault_fails_outputs_and_consumers_with_same_cause(client: pw.C
     assert "RemoteError" in rendered and "producer" in rendered
 
 
+def test_a_fault_for_no_live_host_says_what_inject_fault_takes(client: pw.Client) -> None:
+    with pytest.raises(
+        ValueError, match=r"a live host's name; got 'a' \(live hosts: \['host"
+    ) as info:
+        client.inject_fault("a", match="f")
+    assert not str(info.value).startswith(("'", '"'))
+
+
 def test_compile_failure_on_the_host(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     x = vs.put(np.ones(4, np.float32), P("data"))

@@ -334,7 +334,10 @@ class ClientRequests:
         if host in self.rm.slices:
             host = self.rm.get(host, t.tenant).host
         if host not in self._host_ident:
-            raise KeyError(f"no live host {host!r}; live hosts: {sorted(self._host_ident)}")
+            raise ValueError(
+                f"inject_fault takes a VirtualSlice of this client or a live host's name; "
+                f"got {host!r} (live hosts: {sorted(self._host_ident)})"
+            )
         self._send_host(host, {"t": "fault", "match": h["match"], "kind": h["kind"]})
         self._reply(t, h["rid"], host=host)
 

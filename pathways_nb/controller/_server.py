@@ -394,7 +394,7 @@ class Controller(ClientRequests, HostMessages):
                 err = (
                     exc.to_dict()
                     if isinstance(exc, RemoteError)
-                    else {"message": str(exc), "kind": type(exc).__name__}
+                    else {"message": _message(exc), "kind": type(exc).__name__}
                 )
                 self._send_client(t.identity, {"t": "reply", "rid": rid, "error": err})
             elif kind in ("launch", "transfer"):
@@ -474,3 +474,10 @@ class Controller(ClientRequests, HostMessages):
             events=len(self.events),
             scheduler=self.scheduler.statistics(),
         )
+
+
+def _message(exc: Exception) -> str:
+    """What an error says, without the quotes ``str`` puts around a KeyError's message."""
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return str(exc)
