@@ -76,6 +76,7 @@ def test_puts_programs_and_moves_for_a_lost_slice_wait_for_its_remap() -> None:
 def test_new_work_fails_once_the_wait_is_over_or_the_slice_is_released() -> None:
     with pw.InProcessCluster(2, 2) as c, c.client() as client:
         vs = client.allocate({"x": 2})
+        other = client.allocate({"x": 2})  # no spare island: nothing can take vs
         _lose(c, vs)
         client.remap_wait_seconds = 0.3
         t0 = time.monotonic()
@@ -91,7 +92,6 @@ def test_new_work_fails_once_the_wait_is_over_or_the_slice_is_released() -> None
             pw.jit(lambda a: a + 1, slice=vs)(np.ones(2, np.float32))
         assert time.monotonic() - t0 < 5.0
         # The other host and its slices never noticed.
-        other = client.allocate({"x": 2})
         np.testing.assert_array_equal(
             (other.put(np.ones(2, np.float32), P("x")) + 1).fetch(), np.full(2, 2.0)
         )
@@ -107,3 +107,66 @@ def test_without_remapping_new_work_for_a_lost_slice_fails_at_once() -> None:
         with pytest.raises(pw.DataLossError, match="was lost with host"):
             vs.put(np.ones(2, np.float32), P("x"))
         assert time.monotonic() - t0 < 1.0
+
+
+def test_a_lost_slice_moves_at_once_onto_a_spare_island_with_room() -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        was = vs.host
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        c.controller.host_lost(was, "test")
+        # No host joins: the other island's free devices take the slice.
+        deadline = time.monotonic() + 10
+        while vs.epoch == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert vs.state == "active" and vs.epoch == 1
+        assert vs.host != was and vs.host in {h.name for h in c.hosts}
+        with pytest.raises(pw.DataLossError, match="remapped onto host"):
+            x.fetch()
+        y = vs.put(np.full(2, 4.0, np.float32), P("x"))
+        np.testing.assert_array_equal((y * 2).fetch(), np.full(2, 8.0, np.float32))
+        events = client.events()
+        assert list(events[events.kind.isin(["host_lost", "remap"])].kind) == [
+            "host_lost",
+            "remap",
+        ]
+
+
+def test_devices_freed_by_a_release_or_a_departed_client_take_a_lost_slice() -> None:
+    with pw.InProcessCluster(3, 2) as c, c.client() as client, c.client() as neighbour:
+        vs = client.allocate({"x": 2})
+        other = client.allocate({"x": 2})
+        theirs = neighbour.allocate({"x": 2})
+        assert len({vs.island, other.island, theirs.island}) == 3
+        lost = other.host
+        _lose(c, other)
+        other_epoch = other.epoch
+        _lose(c, vs)  # the oldest loss is remapped first
+        vs.release()  # freed while lost: never remapped
+        neighbour.close()  # its slice's devices are free now: the lost one moves there
+        assert other.wait_active(timeout=10) is other
+        assert other.epoch == other_epoch + 1 and other.host == theirs.host != lost
+        assert vs.state == "released"
+        np.testing.assert_array_equal(
+            (other.put(np.ones(2, np.float32), P("x")) + 1).fetch(), np.full(2, 2.0)
+        )
+
+
+def test_a_fetch_from_a_host_lost_and_remapped_meanwhile_fails_instead_of_hanging() -> None:
+    """The slice is lost and active again (on a spare island) before the fetch's next
+    look: the dead host never answers, so the fetch must see the remap itself."""
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        slow = pw.jit(lambda a: a + 1, name="slow")
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        slow(x).block_until_ready()
+        client.inject_fault(vs, match="slow", kind="delay:30")
+        y = slow(x)
+        fetching = _in_thread(y.fetch)
+        index = [h.name for h in c.hosts].index(vs.host)
+        c.hosts[index].stop()  # dead: it answers nothing more
+        c.controller.host_lost(vs.host, "test")
+        fetching[0].join(timeout=10)
+        assert not fetching[0].is_alive(), "the fetch hung on a dead host"
+        assert isinstance(fetching[1].get("error"), pw.DataLossError), fetching[1]
+        assert vs.epoch == 1 and vs.state == "active"

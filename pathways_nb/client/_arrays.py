@@ -228,7 +228,14 @@ class ArrayIO(ProgramCalls):
         def check() -> None:
             self._check_open()
             for x in xs:
+                # A host lost meanwhile answers nothing: its slice reads lost, or has
+                # already been remapped (the array went with the host), or the failure
+                # of the program that made the array has arrived.
+                x._check_usable()
                 x.slice.check_active()
+                err = self._error_of(x)
+                if err is not None:
+                    raise err
 
         # One request per host for all of its arrays (in parts of at most _MANY): one
         # message and one answer each way, however many leaves a pytree has.

@@ -46,10 +46,11 @@ class VirtualSlice:
     ``with vs:`` makes it the default slice for ``pw.jit`` calls in the block;
     ``vs.put(array, P("data"))`` places an array on it; ``vs.release()`` frees it.
 
-    When its host is lost the slice is ``"lost"`` (so are its arrays); once a host with
-    room for it joins (the restarted one first), the controller maps it there and it is
-    ``"active"`` again, as the same object: ``vs.wait_active()`` waits for that, and what
-    is put or computed on it from then on runs on its new devices.
+    When its host is lost the slice is ``"lost"`` (so are its arrays); once devices of
+    its platform are free for it (another island's at once, else a host that joins, the
+    restarted one first, or devices a release frees), the controller maps it there and it
+    is ``"active"`` again, as the same object. New work for it waits for that (see
+    :meth:`put`), as does ``vs.wait_active()``; from then on it runs on the new devices.
     """
 
     def __init__(
@@ -189,7 +190,9 @@ class VirtualSlice:
         shardings); None replicates. A list or tuple is one array-like, as
         ``np.asarray`` reads it. The bytes go straight to the host, never through the
         controller; a RemoteArray already on a slice moves host to host (or is resharded
-        on its own slice), as ``jax.device_put`` moves a ``jax.Array``.
+        on its own slice), as ``jax.device_put`` moves a ``jax.Array``. On a lost slice it
+        waits for the remap, for up to ``client.remap_wait_seconds``, then raises
+        DataLossError.
 
         >>> params = vs.put({"w": np.ones((8, 4)), "b": np.zeros(4)}, {"w": P("data"), "b": P()})
         """

@@ -128,6 +128,11 @@ class HostMessages:
             "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
         )
         self._hosts.send_multipart([identity, *encode({"t": "welcome"})])
+        self._remap_lost()
+
+    def _remap_lost(self) -> None:
+        """Move lost slices onto free devices, where there are any now: after a host
+        joins, after one is lost (a spare island may have room) and after a release."""
         if self.config.remap_lost_slices:
             for s in self.rm.remap_lost():
                 self._remapped(s)
@@ -242,6 +247,15 @@ class HostMessages:
             self._ident_host.pop(ident, None)
         self.events.add("host_lost", island=info.island, host=host, detail=reason)
         log.warning("host %s lost: %s", host, reason)
+        # Clients hear that the slices are lost before any launch fails with them, so
+        # code that catches the failure finds the slice lost (and new work waits for it).
+        per_tenant: dict[int, list[str]] = {}
+        for s in lost:
+            per_tenant.setdefault(s.tenant, []).append(s.slice)
+        for tenant, sids in per_tenant.items():
+            t = self.tenants.by_id.get(tenant)
+            if t is not None:
+                self._send_client(t.identity, {"t": "host_lost", "host": host, "slices": sids})
         err = DataLossError(
             f"host {host} was lost ({reason}) before this program finished",
             host=host,
@@ -271,15 +285,10 @@ class HostMessages:
             if where == host:
                 del self._probes[rid]
                 self._send_client(ident, {"t": "reply", "rid": crid, "error": err.to_dict()})
-        per_tenant: dict[int, list[str]] = {}
         for s in lost:
-            per_tenant.setdefault(s.tenant, []).append(s.slice)
             for hd in self._slice_handles.pop(s.slice, set()):
                 self._where.pop(hd, None)
                 self._lost_handles[hd] = host
         while len(self._lost_handles) > _LOST_HANDLES:
             self._lost_handles.pop(next(iter(self._lost_handles)))
-        for tenant, sids in per_tenant.items():
-            t = self.tenants.by_id.get(tenant)
-            if t is not None:
-                self._send_client(t.identity, {"t": "host_lost", "host": host, "slices": sids})
+        self._remap_lost()

@@ -55,6 +55,7 @@ class ClientRequests:
     _send_done: Callable[[dict[int, list[Any]]], None]
     _ensure_program: Callable[[str, str], None]
     _end_launch: Callable[[int], Launch | None]
+    _remap_lost: Callable[[], None]
 
     def _reply(self, t: Tenant, rid: int, **body: Any) -> None:
         self._send_client(t.identity, {"t": "reply", "rid": rid, **body})
@@ -87,6 +88,7 @@ class ClientRequests:
         if s.state == "active":
             self._release_slice(t, s)
             self.events.add("release", t.tenant, slice=s.slice, island=s.island, host=s.host)
+            self._remap_lost()  # a lost slice may fit on the devices just freed
         else:
             self.rm.release(s.slice, t.tenant)  # releasing twice is a no-op
         self._reply(t, h["rid"])
@@ -352,3 +354,4 @@ class ClientRequests:
         self.events.add("tenant_leave", t.tenant, detail=why)
         self.tenants.remove(t.tenant)
         self.scheduler.forget_tenant(t.tenant)
+        self._remap_lost()
