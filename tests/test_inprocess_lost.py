@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from pathways_nb._core import Config
+from pathways_nb._core import Config, local_versions
 
 
 def _lose(c: pw.InProcessCluster, vs: pw.VirtualSlice) -> int:
@@ -154,19 +155,54 @@ def test_devices_freed_by_a_release_or_a_departed_client_take_a_lost_slice() -> 
 
 def test_a_fetch_from_a_host_lost_and_remapped_meanwhile_fails_instead_of_hanging() -> None:
     """The slice is lost and active again (on a spare island) before the fetch's next
-    look: the dead host never answers, so the fetch must see the remap itself."""
+    look, and the lost host answers nothing: the fetch must see the remap itself."""
     with pw.InProcessCluster(2, 2) as c, c.client() as client:
         vs = client.allocate({"x": 2})
+        host = c.hosts[[h.name for h in c.hosts].index(vs.host)]
         slow = pw.jit(lambda a: a + 1, name="slow")
         x = vs.put(np.ones(2, np.float32), P("x"))
         slow(x).block_until_ready()
-        client.inject_fault(vs, match="slow", kind="delay:30")
+        client.inject_fault(vs, match="slow", kind="delay:4")  # silent for 4 s
         y = slow(x)
-        fetching = _in_thread(y.fetch)
-        index = [h.name for h in c.hosts].index(vs.host)
-        c.hosts[index].stop()  # dead: it answers nothing more
+        t0 = time.monotonic()
+        fetching, out = _in_thread(y.fetch)
+        deadline = time.monotonic() + 10
+        while not host.store.has_ready_waiters([y.handle]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert host.store.has_ready_waiters([y.handle])  # the fetch waits on the host
         c.controller.host_lost(vs.host, "test")
-        fetching[0].join(timeout=10)
-        assert not fetching[0].is_alive(), "the fetch hung on a dead host"
-        assert isinstance(fetching[1].get("error"), pw.DataLossError), fetching[1]
-        assert vs.epoch == 1 and vs.state == "active"
+        fetching.join(timeout=10)
+        assert not fetching.is_alive()
+        assert isinstance(out.get("error"), pw.DataLossError), out
+        assert time.monotonic() - t0 < 3.5  # before the host would have answered
+        assert vs.epoch == 1 and vs.state == "active" and vs.host != host.name
+
+
+def test_a_request_to_a_host_that_never_answers_its_hello_ends_when_the_slice_is_lost() -> None:
+    """A thread's first request to a host opens a connection and waits for the host's
+    hello; a host that died just then never sends it, and the wait must end as soon as
+    the client knows (here a silent listener stands in for the dead host)."""
+    import socket
+
+    from pathways_nb.client._direct import DirectChannels
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    ctx = zmq.Context()
+    channels = DirectChannels(ctx, local_versions().to_dict())
+    t0 = time.monotonic()
+
+    def check() -> None:
+        if time.monotonic() - t0 > 0.3:
+            raise pw.DataLossError("the host was lost")
+
+    try:
+        address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(pw.DataLossError, match="the host was lost"):
+            channels.request([(address, {"t": "fetch", "handle": 1})], check)
+        assert time.monotonic() - t0 < 5.0  # not the handshake's 30 s
+    finally:
+        channels.close()
+        ctx.term()
+        silent.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ from pathways_nb._core import (
 from pathways_nb.wire import DealerSocket, Poller, connect_dealer, decode, encode, receive
 
 Reply = tuple[dict[str, Any], list[Any]]
+
+# How long a host has to answer a new connection's hello.
+_HANDSHAKE_SECONDS = 30.0
 
 
 class RequestFailed(Exception):
@@ -49,7 +53,7 @@ class DirectChannels:
         self._rids = itertools.count(1)
         self._closed = False
 
-    def _socket(self, address: str) -> DealerSocket:
+    def _socket(self, address: str, check: Callable[[], None]) -> DealerSocket:
         socks: dict[str, DealerSocket] | None = getattr(self._local, "socks", None)
         if socks is None:
             socks = self._local.socks = {}
@@ -65,8 +69,14 @@ class DirectChannels:
         sock.send_multipart(
             encode({"t": "hello", "role": "client", "rid": rid, "versions": self._versions})
         )
-        if not sock.poll(30_000):
-            raise BrokenError(f"host at {address} did not answer the handshake within 30 s")
+        deadline = time.monotonic() + _HANDSHAKE_SECONDS
+        while not sock.poll(100):
+            check()  # a host lost meanwhile never answers
+            if time.monotonic() > deadline:
+                raise BrokenError(
+                    f"host at {address} did not answer the handshake within "
+                    f"{_HANDSHAKE_SECONDS:.0f} s"
+                )
         h = decode(sock.recv_multipart()).header
         if h["t"] == "refuse":
             raise VersionMismatchError(f"host at {address} refused this client: {h.get('reason')}")
@@ -90,17 +100,22 @@ class DirectChannels:
         poller = Poller()
         try:
             for i, (address, header) in enumerate(requests):
-                sock = self._socket(address)
+                sock = self._socket(address, check)
                 rid = next(self._rids)
                 order[rid] = i
                 sock.send_multipart(encode({**header, "rid": rid}), copy=False)
                 poller.register(sock, zmq.POLLIN)
             out: list[Reply | None] = [None] * len(requests)
             missing = len(requests)
+            checked = time.monotonic()
             while missing:
                 ready = poller.poll(100)
-                if not ready:
+                now = time.monotonic()
+                if not ready or now - checked >= 0.1:
+                    # Also while sockets are busy: a dead host's may stay readable.
                     check()
+                    checked = now
+                if not ready:
                     continue
                 for sock, _ in ready:
                     for frames in receive(sock, 10_000):
