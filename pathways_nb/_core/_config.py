@@ -79,8 +79,9 @@ class Config:
     # Whether those threads are also pinned round-robin to the process's cores (needed
     # at a nice value alone, where the kernel packed them on one core).
     cpu_device_spread: bool = False
-    # Whether a slice lost with its host moves onto the devices of a host that joins with
-    # room for it (a restarted one first), as the same VirtualSlice; its arrays stay lost.
+    # Whether a slice lost with its host moves onto free devices as soon as there are
+    # any (another island's, a host that joins, the restarted one first, or devices a
+    # release frees), as the same VirtualSlice; its arrays stay lost.
     remap_lost_slices: bool = True
     # Seconds a client's new work for a lost slice (a put, a program, an array moved
     # there) waits for the slice's remap before it fails with DataLossError; 0 fails at

@@ -173,8 +173,8 @@ class VirtualSlice:
             raise DataLossError(
                 f"slice {self.name!r} was lost with host {self.host} and has not been "
                 f"remapped after {wait:g} s (client.remap_wait_seconds, from "
-                f"PATHWAYS_REMAP_WAIT_SECONDS): no live island has joined with {self.size} "
-                f"free {self.platform} devices. Restart or add a host, or release slices "
+                f"PATHWAYS_REMAP_WAIT_SECONDS): no live island has had {self.size} free "
+                f"{self.platform} devices for it. Restart or add a host, or release slices "
                 "(client.status() shows what is free)",
                 slice=self.name,
                 host=self.host,
