@@ -326,9 +326,18 @@ def test_a_dead_controller_is_a_clear_error_not_a_hang() -> None:
         os.kill(c.scheduler_pid, signal.SIGKILL)
         waiter.join(30)
         assert not waiter.is_alive(), "the wait did not end when the controller died"
-        assert len(waited) == 1 and isinstance(waited[0], pw.BrokenError), waited
-        assert "controller" in str(waited[0]) and "went away" in str(waited[0])
+        # Two signals race: the client sees the controller's connection close, and the
+        # host (a Dask worker whose scheduler died) shuts down and fails what waits on it.
+        assert len(waited) == 1, waited
+        if isinstance(waited[0], pw.DataLossError):
+            assert "shut down" in str(waited[0]), waited
+        else:
+            assert isinstance(waited[0], pw.BrokenError), waited
+            assert "controller" in str(waited[0]) and "went away" in str(waited[0])
         assert time.monotonic() - t0 < 5.0  # not the delayed launch finishing
+        deadline = time.monotonic() + 10
+        while not client.closed and client._io.broken is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         calls = (lambda: f(x), x.fetch, client.status, lambda: client.allocate({"x": 1}))
         for call in calls:
             with pytest.raises(pw.BrokenError, match=r"controller at .* went away"):

@@ -206,3 +206,40 @@ def test_a_request_to_a_host_that_never_answers_its_hello_ends_when_the_slice_is
         channels.close()
         ctx.term()
         silent.close()
+
+
+def test_a_host_that_refuses_the_connection_fails_its_requests_and_nothing_else() -> None:
+    """The client's IO thread connects to a host on first use; a host that died first
+    (its slice just remapped there, say) fails what was sent to it, and the thread
+    goes on serving the client."""
+    import socket
+
+    with pw.InProcessCluster(1, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{closed.getsockname()[1]}"
+        closed.close()  # nothing listens there now
+        fut = client._io.host_request(address, {"t": "hello", "role": "client"})
+        with pytest.raises(pw.BrokenError, match="cannot reach a host"):
+            fut.result(10)
+        np.testing.assert_array_equal(
+            (vs.put(np.ones(2, np.float32), P("x")) + 1).fetch(), np.full(2, 2.0)
+        )
+
+
+def test_a_failure_inside_the_client_io_thread_breaks_the_client_instead_of_hanging_it() -> None:
+    with pw.InProcessCluster(1, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+
+        def broken() -> None:
+            raise RuntimeError("a bug")
+
+        client._io._drain_outbox = broken  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10  # the thread drains its outbox on every turn
+        while client._io.broken is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(pw.BrokenError, match=r"IO thread failed \(RuntimeError\('a bug'\)\)"):
+            client.status()  # its request never leaves: the future fails instead
+        with pytest.raises(pw.BrokenError, match="IO thread failed"):
+            vs.put(np.ones(2, np.float32), P("x"))

@@ -158,6 +158,16 @@ class IOThread:
 
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:
+            # A bug here must not leave the client waiting for ever on a dead thread:
+            # everything waiting hears it, and every later call raises BrokenError.
+            log.exception("the client's IO thread failed")
+            self.broken = f"the client's IO thread failed ({exc!r}); connect a new pw.Client"
+            self._fail_all(BrokenError(self.broken))
+
+    def _serve(self) -> None:
         last_beat = time.monotonic()
         while not self._stopping.is_set():
             try:
@@ -235,7 +245,16 @@ class IOThread:
                     batch = []
                 self._safe_send(self._ctl, payload)
             elif target.startswith(_HOST):
-                self._safe_send(self._host_socket(target[1:].decode()), payload)
+                address = target[1:].decode()
+                try:
+                    sock = self._host_socket(address)
+                except BrokenError as exc:
+                    # A host that died before this client reached it (its slice may
+                    # have just been remapped there): what waits on it hears why, and
+                    # this thread goes on serving everything else.
+                    self.fail_host(address, exc)
+                    continue
+                self._safe_send(sock, payload)
         for i in range(0, len(deletes), 4096):
             batch.append(pack({"t": "delete", "handles": deletes[i : i + 4096]}))
         if batch:
