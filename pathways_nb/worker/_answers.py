@@ -123,6 +123,14 @@ class Answers:
             assert entry.error is not None
             self._fail(identity, rid, kind, index, entry.error.to_dict())
 
+        done = self._store.ready_entries(handles)
+        if done is not None:
+            for i, entry in enumerate(done):
+                if entry.error is not None:
+                    failed(i, entry)
+                    return
+            all_ready(done)
+            return
         gathering = _Gathering(len(handles), all_ready, failed)
         for i, handle in enumerate(handles):
             self._store.when_ready(handle, gathering.waiter(i))
@@ -146,11 +154,16 @@ class Answers:
         waiting = kind in ("wait", "wait_many")
         done: list[tuple[dict[str, Any], np.ndarray]] = []
         try:
-            for entry in entries:
-                if waiting:
-                    jax.block_until_ready(entry.value)
-                else:
+            if waiting:
+                _wait_all(entries)
+            else:
+                for entry in entries:
                     done.append(host_payload(entry.value))
+        except _WaitFailed as failed:
+            program, sname = entries[failed.index].origin
+            err = to_remote(failed.cause, "runtime", program=program, slice=sname, host=self.host)
+            self._fail(identity, rid, kind, failed.index, err.to_dict())
+            return
         except Exception as exc:
             program, sname = entries[len(done)].origin
             err = to_remote(exc, "runtime", program=program, slice=sname, host=self.host)
@@ -178,3 +191,23 @@ class Answers:
         if kind.endswith("_many"):
             header["index"] = index
         self._to_client(identity, header, ())
+
+
+class _WaitFailed(Exception):
+    def __init__(self, index: int, cause: Exception) -> None:
+        super().__init__(index, cause)
+        self.index, self.cause = index, cause
+
+
+def _wait_all(entries: Sequence[Entry]) -> None:
+    """Wait for every entry's array in one call into JAX (one release of the GIL however
+    many there are); if that raises, find which array failed, one at a time."""
+    try:
+        jax.block_until_ready([e.value for e in entries])
+    except Exception:
+        for i, e in enumerate(entries):
+            try:
+                jax.block_until_ready(e.value)
+            except Exception as exc:
+                raise _WaitFailed(i, exc) from None
+        raise
