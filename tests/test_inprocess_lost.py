@@ -243,3 +243,24 @@ def test_a_failure_inside_the_client_io_thread_breaks_the_client_instead_of_hang
             client.status()  # its request never leaves: the future fails instead
         with pytest.raises(pw.BrokenError, match="IO thread failed"):
             vs.put(np.ones(2, np.float32), P("x"))
+
+
+def test_sockets_to_a_lost_host_are_closed_not_kept_for_the_clients_lifetime() -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.ones(2, np.float32), P("x"))  # through the IO thread's socket
+        x.fetch()  # through this thread's own socket
+        assert client._direct.sockets == 1
+        io_sockets = client._io.host_sockets
+        was = vs.host
+        c.controller.host_lost(was, "test")
+        deadline = time.monotonic() + 10
+        while vs.epoch == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert vs.epoch == 1 and vs.host != was  # onto the spare island
+        y = vs.put(np.full(2, 3.0, np.float32), P("x"))
+        np.testing.assert_array_equal(y.fetch(), np.full(2, 3.0, np.float32))
+        # This thread's socket to the lost host went on its next request; the IO
+        # thread's went on its next turn: one socket each to the host that took over.
+        assert client._direct.sockets == 1
+        assert client._io.host_sockets == io_sockets

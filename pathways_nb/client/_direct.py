@@ -52,19 +52,52 @@ class DirectChannels:
         self._lock = threading.Lock()
         self._rids = itertools.count(1)
         self._closed = False
+        # Times each address was forgotten (its host lost): a thread's socket connected
+        # before the last of them is closed by that thread when it next asks for one.
+        self._forgotten: dict[str, int] = {}
+        self._forgets = 0
+
+    def forget(self, address: str) -> None:
+        """The host at ``address`` was lost: each thread closes its socket there on its
+        next request, instead of keeping it until the client closes."""
+        with self._lock:
+            self._forgets += 1
+            self._forgotten[address] = self._forgets
+
+    @property
+    def sockets(self) -> int:
+        """Sockets open to hosts, over all threads."""
+        with self._lock:
+            return len(self._all)
 
     def _socket(self, address: str, check: Callable[[], None]) -> DealerSocket:
-        socks: dict[str, DealerSocket] | None = getattr(self._local, "socks", None)
+        socks: dict[str, tuple[DealerSocket, int]] | None = getattr(self._local, "socks", None)
         if socks is None:
             socks = self._local.socks = {}
-        sock = socks.get(address)
-        if sock is not None:
-            return sock
+        seen: int = getattr(self._local, "forgets", 0)
+        if seen != self._forgets:
+            self._local.forgets = self._close_forgotten(socks)
+        got = socks.get(address)
+        if got is not None:
+            return got[0]
         with self._lock:
             if self._closed:
                 raise ClosedError("the client was closed")
+            made = self._forgets
             sock = connect_dealer(self._ctx, address, blocking=True, peer="a host")
             self._all.append(sock)
+        try:
+            self._handshake(sock, address, check)
+        except BaseException:
+            with self._lock:
+                if sock in self._all:
+                    self._all.remove(sock)
+            sock.close(0)
+            raise
+        socks[address] = (sock, made)
+        return sock
+
+    def _handshake(self, sock: DealerSocket, address: str, check: Callable[[], None]) -> None:
         rid = next(self._rids)
         sock.send_multipart(
             encode({"t": "hello", "role": "client", "rid": rid, "versions": self._versions})
@@ -82,8 +115,18 @@ class DirectChannels:
             raise VersionMismatchError(f"host at {address} refused this client: {h.get('reason')}")
         if h["t"] != "welcome":
             raise ProtocolError(f"host at {address} answered the handshake with {h['t']!r}")
-        socks[address] = sock
-        return sock
+
+    def _close_forgotten(self, socks: dict[str, tuple[DealerSocket, int]]) -> int:
+        """Close this thread's sockets to hosts forgotten since they connected; return
+        the forget count this thread has now seen."""
+        with self._lock:
+            now = self._forgets
+            stale = [a for a, (_, made) in socks.items() if self._forgotten.get(a, 0) > made]
+            for a in stale:
+                sock = socks.pop(a)[0]
+                self._all.remove(sock)
+                sock.close(0)
+        return now
 
     def request(
         self,
@@ -97,19 +140,27 @@ class DirectChannels:
         with the request's index and its RemoteError.
         """
         order: dict[int, int] = {}
-        poller = Poller()
+        # One request (one host: the common case) waits on its socket alone; an epoll
+        # object made and closed for it costs three system calls per wait.
+        poller = Poller() if len(requests) > 1 else None
+        socks = []
         try:
             for i, (address, header) in enumerate(requests):
                 sock = self._socket(address, check)
                 rid = next(self._rids)
                 order[rid] = i
                 sock.send_multipart(encode({**header, "rid": rid}), copy=False)
-                poller.register(sock, zmq.POLLIN)
+                socks.append(sock)
+                if poller is not None:
+                    poller.register(sock, zmq.POLLIN)
             out: list[Reply | None] = [None] * len(requests)
             missing = len(requests)
             checked = time.monotonic()
             while missing:
-                ready = poller.poll(100)
+                if poller is not None:
+                    ready = poller.poll(100)
+                else:
+                    ready = [(socks[0], zmq.POLLIN)] if socks[0].poll(100) else []
                 now = time.monotonic()
                 if not ready or now - checked >= 0.1:
                     # Also while sockets are busy: a dead host's may stay readable.
@@ -133,7 +184,8 @@ class DirectChannels:
                         out[i] = (h, msg.buffers)
                         missing -= 1
         finally:
-            poller.close()
+            if poller is not None:
+                poller.close()
         return [r for r in out if r is not None]
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ log = logging.getLogger("pathways_nb.client")
 _CONTROLLER = b"c"
 _BATCHED = b"b"
 _HOST = b"h"
+_FORGET = b"f"
 _MAX_BATCH = 512
 
 
@@ -156,6 +157,16 @@ class IOThread:
             if not f.done():
                 f.set_exception(error)
 
+    def forget_host(self, address: str) -> None:
+        """Close this thread's socket to the host at ``address`` (it was lost), on the IO
+        thread's next turn; a later send there connects afresh."""
+        self._outbox.send(_FORGET + address.encode(), None)
+
+    @property
+    def host_sockets(self) -> int:
+        """Sockets the IO thread holds to hosts."""
+        return len(self._hosts)
+
     # the loop -----------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -244,6 +255,8 @@ class IOThread:
                     self._send_batch(batch)
                     batch = []
                 self._safe_send(self._ctl, payload)
+            elif target.startswith(_FORGET):
+                self._close_host_socket(target[1:].decode())
             elif target.startswith(_HOST):
                 address = target[1:].decode()
                 try:
@@ -271,6 +284,13 @@ class IOThread:
             self._host_of_socket[sock] = address
             self._poller.register(sock, zmq.POLLIN)
         return sock
+
+    def _close_host_socket(self, address: str) -> None:
+        sock = self._hosts.pop(address, None)
+        if sock is not None:
+            del self._host_of_socket[sock]
+            self._poller.unregister(sock)
+            sock.close(0)
 
     def _drain(self, sock: AnySocket, host: str | None) -> None:
         for frames in receive(sock, 10_000):

@@ -354,6 +354,8 @@ class Client(ArrayIO):
                         vs.data_address,
                         DataLossError(f"host {h['host']} was lost", slice=vs.name, host=h["host"]),
                     )
+                    self._io.forget_host(vs.data_address)
+                    self._direct.forget(vs.data_address)
         elif t == "remapped":
             vs = self._slices.get(h["slice"]["slice"])
             if vs is not None:

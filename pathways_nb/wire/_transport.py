@@ -152,6 +152,20 @@ class Poller:
         if self._zmq is not None:
             self._zmq.register(fd, zmq.POLLIN)
 
+    def unregister(self, obj: Any) -> None:
+        """Stop watching ``obj`` (before closing it); one not watched is ignored."""
+        if isinstance(obj, zmq.Socket):
+            if self._zmq is not None:
+                with contextlib.suppress(KeyError):
+                    self._zmq.unregister(obj)
+            return
+        fd = obj.fileno()
+        if self._by_fd.pop(fd, None) is None:
+            return
+        self._ep.unregister(fd)
+        if self._zmq is not None:
+            self._zmq.unregister(fd)
+
     def _zmq_poller(self) -> zmq.Poller:
         if self._zmq is None:
             self._zmq = zmq.Poller()
