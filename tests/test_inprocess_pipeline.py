@@ -209,6 +209,11 @@ def test_batch_and_stage_mistakes_are_named_before_anything_runs(
     x, y = _batch()
     step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(0.1), microbatches=4)
     params, state = step.init(_params(SIZES))
+    # Parameters or optimizer state for the wrong number of stages.
+    with pytest.raises(ValueError, match=r"params must hold one entry per stage \(4\); got 2"):
+        step(params[:2], state, x, y)
+    with pytest.raises(ValueError, match=r"opt_state must hold one entry per stage.*dict"):
+        step(params, {"mu": state}, x, y)
     # Labels for half the rows would broadcast in the loss without a word.
     with pytest.raises(ValueError, match=r"x has 64 rows and y 16"):
         step(params, state, x, y[:16])

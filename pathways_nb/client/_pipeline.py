@@ -303,6 +303,13 @@ class Pipeline:
         The old parameters and optimizer state are donated.
         """
         n = len(self.stages)
+        for what, given in (("params", params), ("opt_state", opt_state)):
+            if not isinstance(given, (list, tuple)) or len(given) != n:
+                got = f"{len(given)} items" if isinstance(given, (list, tuple)) else type(given)
+                raise ValueError(
+                    f"{what} must hold one entry per stage ({n}); got {got}. Pass what "
+                    "step.init(params) returned, or the previous step's new values"
+                )
         nx, ny = (np.shape(b)[0] if np.ndim(b) else None for b in (x, y))
         if nx != ny:
             raise ValueError(
