@@ -143,24 +143,26 @@ class DirectChannels:
         # One request (one host: the common case) waits on its socket alone; an epoll
         # object made and closed for it costs three system calls per wait.
         poller = Poller() if len(requests) > 1 else None
-        socks = []
+        only: DealerSocket | None = None
         try:
             for i, (address, header) in enumerate(requests):
                 sock = self._socket(address, check)
                 rid = next(self._rids)
                 order[rid] = i
                 sock.send_multipart(encode({**header, "rid": rid}), copy=False)
-                socks.append(sock)
                 if poller is not None:
                     poller.register(sock, zmq.POLLIN)
+                else:
+                    only = sock
             out: list[Reply | None] = [None] * len(requests)
             missing = len(requests)
             checked = time.monotonic()
             while missing:
-                if poller is not None:
+                if only is None:
+                    assert poller is not None
                     ready = poller.poll(100)
                 else:
-                    ready = [(socks[0], zmq.POLLIN)] if socks[0].poll(100) else []
+                    ready = [(only, zmq.POLLIN)] if only.poll(100) else []
                 now = time.monotonic()
                 if not ready or now - checked >= 0.1:
                     # Also while sockets are busy: a dead host's may stay readable.

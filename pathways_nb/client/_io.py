@@ -158,8 +158,8 @@ class IOThread:
                 f.set_exception(error)
 
     def forget_host(self, address: str) -> None:
-        """Close this thread's socket to the host at ``address`` (it was lost), on the IO
-        thread's next turn; a later send there connects afresh."""
+        """Close the IO thread's socket to the host at ``address`` (it was lost) on its
+        next turn; a later send there connects afresh."""
         self._outbox.send(_FORGET + address.encode(), None)
 
     @property

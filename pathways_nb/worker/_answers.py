@@ -123,7 +123,8 @@ class Answers:
             assert entry.error is not None
             self._fail(identity, rid, kind, index, entry.error.to_dict())
 
-        done = self._store.ready_entries(handles)
+        # All computed already (the common case): answered now, without a waiter each.
+        done = self._store.get_many(handles, computed=True)
         if done is not None:
             for i, entry in enumerate(done):
                 if entry.error is not None:
@@ -153,21 +154,24 @@ class Answers:
                 return
         waiting = kind in ("wait", "wait_many")
         done: list[tuple[dict[str, Any], np.ndarray]] = []
+        index = 0  # of the entry being read: the one named if reading fails
         try:
             if waiting:
-                _wait_all(entries)
+                try:
+                    # One call into JAX, one release of the GIL, however many there are.
+                    jax.block_until_ready([e.value for e in entries])
+                except Exception:
+                    # Which one failed: each on its own (if none does alone, the last).
+                    for index in range(len(entries)):
+                        jax.block_until_ready(entries[index].value)
+                    raise
             else:
-                for entry in entries:
-                    done.append(host_payload(entry.value))
-        except _WaitFailed as failed:
-            program, sname = entries[failed.index].origin
-            err = to_remote(failed.cause, "runtime", program=program, slice=sname, host=self.host)
-            self._fail(identity, rid, kind, failed.index, err.to_dict())
-            return
+                for index in range(len(entries)):
+                    done.append(host_payload(entries[index].value))
         except Exception as exc:
-            program, sname = entries[len(done)].origin
+            program, sname = entries[index].origin
             err = to_remote(exc, "runtime", program=program, slice=sname, host=self.host)
-            self._fail(identity, rid, kind, len(done), err.to_dict())
+            self._fail(identity, rid, kind, index, err.to_dict())
             return
         if waiting:
             self._to_client(identity, {"t": "reply", "rid": rid}, ())
@@ -191,23 +195,3 @@ class Answers:
         if kind.endswith("_many"):
             header["index"] = index
         self._to_client(identity, header, ())
-
-
-class _WaitFailed(Exception):
-    def __init__(self, index: int, cause: Exception) -> None:
-        super().__init__(index, cause)
-        self.index, self.cause = index, cause
-
-
-def _wait_all(entries: Sequence[Entry]) -> None:
-    """Wait for every entry's array in one call into JAX (one release of the GIL however
-    many there are); if that raises, find which array failed, one at a time."""
-    try:
-        jax.block_until_ready([e.value for e in entries])
-    except Exception:
-        for i, e in enumerate(entries):
-            try:
-                jax.block_until_ready(e.value)
-            except Exception as exc:
-                raise _WaitFailed(i, exc) from None
-        raise

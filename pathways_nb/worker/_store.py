@@ -104,19 +104,6 @@ class ObjectStore:
                 return
         waiter(entry)
 
-    def ready_entries(self, handles: Sequence[int]) -> list[Entry] | None:
-        """The entries of ``handles`` if every one is computed or has failed, else None:
-        a many-request whose arrays are all done is answered without a waiter each."""
-        with self._lock:
-            get = self._entries.get
-            out = []
-            for h in handles:
-                e = get(h)
-                if e is None or not e.ready:
-                    return None
-                out.append(e)
-        return out
-
     def _set(self, handle: int, entry: Entry) -> None:
         with self._lock:
             old = self._entries.get(handle)
@@ -171,14 +158,15 @@ class ObjectStore:
         if arrived and self.on_arrival is not None:
             self.on_arrival()
 
-    def get_many(self, handles: Iterable[int]) -> list[Entry] | None:
-        """The entries of ``handles``, or None if one is absent."""
+    def get_many(self, handles: Iterable[int], computed: bool = False) -> list[Entry] | None:
+        """The entries of ``handles``, or None if one is absent (or, with ``computed``,
+        not yet computed or failed)."""
         out = []
         with self._lock:
             get = self._entries.get
             for h in handles:
                 e = get(h)
-                if e is None:
+                if e is None or (computed and not e.ready):
                     return None
                 out.append(e)
         return out
