@@ -165,6 +165,16 @@ def test_get_many_returns_entries_in_order_or_none_if_one_is_absent() -> None:
     assert entries is not None and [e.value for e in entries] == ["b", "a"]
     assert store.get_many([1, 3]) is None
     assert store.get_many([]) == []
+    # computed=True: None while one is not yet computed; failed ones count as done.
+    store.set_many([4], ["d"], [8], ("p", "s"))
+    store.fail(5, RemoteError("boom"))
+    store.mark_ready([1])
+    assert store.get_many([1, 4], computed=True) is None
+    assert store.get_many([1, 4]) is not None
+    store.mark_ready([4])
+    done = store.get_many([1, 4, 5], computed=True)
+    assert done is not None and [e.value for e in done[:2]] == ["a", "d"]
+    assert done[2].error is not None
 
 
 def test_watched_absent_handles_call_on_arrival_once_when_stored() -> None:
