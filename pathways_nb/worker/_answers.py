@@ -123,13 +123,10 @@ class Answers:
             assert entry.error is not None
             self._fail(identity, rid, kind, index, entry.error.to_dict())
 
-        # All computed already (the common case): answered now, without a waiter each.
+        # All computed already (the common case): answered now, without a waiter each
+        # (_answer names the first that failed).
         done = self._store.get_many(handles, computed=True)
         if done is not None:
-            for i, entry in enumerate(done):
-                if entry.error is not None:
-                    failed(i, entry)
-                    return
             all_ready(done)
             return
         gathering = _Gathering(len(handles), all_ready, failed)

@@ -159,8 +159,8 @@ class ObjectStore:
             self.on_arrival()
 
     def get_many(self, handles: Iterable[int], computed: bool = False) -> list[Entry] | None:
-        """The entries of ``handles``, or None if one is absent (or, with ``computed``,
-        not yet computed or failed)."""
+        """The entries of ``handles``, or None if one is absent or, with ``computed``,
+        not yet computed (a failed one counts as done)."""
         out = []
         with self._lock:
             get = self._entries.get
