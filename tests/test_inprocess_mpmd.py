@@ -315,3 +315,59 @@ def test_a_recorded_step_is_annotated_with_times_from_the_event_log(client: pw.C
         np.asarray(placeholders[0])
     with pytest.raises(TypeError, match="traces shapes only"):
         dec(placeholders[0])  # a placeholder cannot feed a real launch
+
+
+def test_moves_the_step_makes_itself_are_transfers_of_its_graph(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"x": 2})
+    enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a)
+    dec = pw.jit(lambda h: h.sum(0), slice=b, in_shardings=P("x"))
+    x = a.put(np.ones((8, 4), np.float32), P("x"))
+    client.wait_all()
+    seen: list[pw.RemoteArray] = []
+
+    def put_step(v: pw.RemoteArray) -> pw.RemoteArray:
+        h = b.put(enc(v), P(None, "x"))
+        seen.append(h)
+        seen.append(b.put(np.zeros(3, np.float32)))  # a local value the step puts
+        return dec(h)
+
+    def to_device_step(v: pw.RemoteArray) -> pw.RemoteArray:
+        return dec(enc(v).to_device(b))
+
+    before = len(client.events())
+    for step, names in (
+        (put_step, ["input", "<lambda>", "put", "<lambda>"]),
+        (to_device_step, ["input", "<lambda>", "<lambda>"]),
+    ):
+        g = client.graph(step, x)
+        [t] = g.edges[g.edges.kind == "transfer"].to_dict("records")
+        assert (t["from_slice"], t["to_slice"], t["bytes"]) == (a.name, b.name, 128)
+        assert list(g.nodes.name) == names
+    # Tracing sent nothing: no move, no put, and what they gave back has no value.
+    assert len(client.events()) == before
+    assert all(isinstance(h, pw.GraphArray) for h in seen)
+    with pytest.raises(TypeError, match="no value"):
+        np.asarray(seen[0])
+    with client.record() as rec:
+        z = to_device_step(x)
+    [t] = rec.edges[rec.edges.kind == "transfer"].to_dict("records")
+    assert t["lid"] > 0 and (t["from_slice"], t["to_slice"]) == (a.name, b.name)
+    np.testing.assert_allclose(np.asarray(z), np.full(4, 8 * 2 * np.tanh(1.0)), rtol=1e-6)
+
+
+def test_a_python_number_in_a_traced_graph_has_the_dtype_a_real_call_gives_it(
+    client: pw.Client,
+) -> None:
+    a = client.allocate({"x": 2})
+    scale = pw.jit(lambda v, s: v * s, slice=a)
+    x = a.put(np.ones(4, np.float32), P("x"))
+    traced = client.graph(scale, x, 0.5)
+    with client.record() as recorded:
+        scale(x, 0.5)
+    for g in (traced, recorded):
+        rows = g.edges[["dtype", "shape", "bytes"]].to_dict("records")
+        assert rows == [
+            {"dtype": "float32", "shape": (4,), "bytes": 16},
+            {"dtype": "float32", "shape": (), "bytes": 4},
+        ]

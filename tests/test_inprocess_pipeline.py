@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -243,6 +244,77 @@ def test_batches_already_on_the_slices_split_there_with_one_program_each(
     assert sorted(repr(f) for f in step._splits.values()) == ["<pw.jit split (1 programs)>"] * 2
 
 
+def test_init_places_parameters_on_their_stage_and_refuses_shared_arrays(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    x, y = _batch()
+    step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.adam(1e-2), microbatches=8)
+    raw = _params(SIZES)
+    with pytest.raises(ValueError, match=r"params must hold one entry per stage \(4\); got <cl"):
+        step.init(dict(enumerate(raw)))  # type: ignore[arg-type]
+    # A parameter already on another stage's slice is moved to its own stage.
+    elsewhere = [dict(p) for p in raw]
+    elsewhere[1]["w"] = slices[3].put(raw[1]["w"])
+    params, state = step.init(elsewhere)
+    assert [p["w"].slice for p in params] == slices
+    params, state, loss = step(params, state, x, y)
+    np.testing.assert_allclose(float(loss), _reference(raw, x, y, 1)[0], rtol=2e-5)
+    # One array as two stages' parameters: the first update would donate it from under
+    # the second, so neither init nor a step takes it.
+    shared = slices[1].put(raw[1]["w"])
+    tied = [dict(p) for p in raw]
+    tied[1]["w"] = tied[2]["w"] = shared
+    with pytest.raises(ValueError, match=r"params\[1\]\['w'\] and params\[2\]\['w'\] are one"):
+        step.init(tied)
+    params[2]["w"] = params[1]["w"]
+    with pytest.raises(ValueError, match="are one RemoteArray"):
+        step(params, state, x, y)
+    assert not params[1]["w"].is_deleted()  # refused before anything was donated
+
+
+def test_pytree_batches_split_leaf_by_leaf_and_train_like_plain_jax(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    x, y = _batch()
+    mask = (np.arange(64 * SIZES[-1]).reshape(64, SIZES[-1]) % 3 != 0).astype(np.float32)
+
+    def first(p: dict, inputs: dict) -> jax.Array:
+        return layer(p, inputs["features"] * inputs["scale"][:, None])
+
+    def masked(out: jax.Array, target: tuple) -> jax.Array:
+        labels, weights = target
+        return jnp.mean(((out - labels) ** 2) * weights)
+
+    def reference(ps: list[dict]) -> jax.Array:
+        h = first(ps[0], {"features": x, "scale": np.full(64, 0.5, np.float32)})
+        for f, p in zip([layer, layer, head], ps[1:], strict=True):
+            h = f(p, h)
+        return masked(h, (y, mask))
+
+    step = pw.pipeline([first, layer, layer, head], slices, masked, optax.sgd(0.5), microbatches=4)
+    params, state = step.init(_params(SIZES))
+    inputs = {"features": x, "scale": slices[0].put(np.full(64, 0.5, np.float32))}
+    target = (y, mask)  # two leaves: 2 would have passed as a row count before
+    ps, want = jax.tree.map(jnp.asarray, _params(SIZES)), []
+    opt = optax.sgd(0.5)
+    st = opt.init(ps)
+    got = []
+    for _ in range(3):
+        params, state, loss = step(params, state, inputs, target)
+        got.append(loss)
+        v, g = jax.value_and_grad(reference)(ps)
+        upd, st = opt.update(g, st, ps)
+        ps = optax.apply_updates(ps, upd)
+        want.append(float(v))
+    np.testing.assert_allclose([float(v) for v in pw.fetch(got)], want, rtol=2e-5, atol=1e-6)
+    with pytest.raises(
+        ValueError, match=r"y's leaves have different numbers of rows .*y\[1\]': 32"
+    ):
+        step(params, state, inputs, (y, mask[:32]))
+    with pytest.raises(ValueError, match=r"x holds no arrays \(got dict\)"):
+        step(params, state, {}, target)
+
+
 def test_stages_run_at_the_same_time(four: pw.Client, slices: list[pw.VirtualSlice]) -> None:
     # Programs long enough (tens of ms) that a sequential runtime could not hide it.
     width = 1024
@@ -420,3 +492,23 @@ def test_training_goes_on_from_a_checkpoint_after_a_stage_host_restarts() -> Non
             params, state, loss = step(params, state, x, y)
             losses.append(float(loss))
     np.testing.assert_allclose(losses, want, rtol=2e-5, atol=1e-6)
+
+
+def test_closing_with_a_steps_work_in_flight_warns_of_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    x, y = _batch()
+    for _ in range(3):
+        with (
+            caplog.at_level(logging.INFO, logger="pathways_nb"),
+            pw.InProcessCluster(islands=4, devices_per_island=2) as cluster,
+        ):
+            client = cluster.client()
+            slices = [client.allocate({"data": 2}) for _ in range(4)]
+            step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.adam(1e-2))
+            params, state = step.init(_params(SIZES))
+            for _ in range(3):
+                params, state, loss = step(params, state, x, y)
+            float(loss)  # the updates and their transfers are still in flight
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not loud, [r.getMessage() for r in loud]

@@ -21,6 +21,7 @@ from pathways_nb._core import (
     encode_mesh,
     encode_spec,
 )
+from pathways_nb.client import _graph
 from pathways_nb.client._direct import DirectChannels, RequestFailed
 from pathways_nb.client._jit import _is_remote, jit
 from pathways_nb.client._prefetch import Prefetcher
@@ -49,8 +50,11 @@ class ArrayIO(ProgramCalls):
         spec = PartitionSpec() if spec is None else spec
         if not isinstance(spec, PartitionSpec):
             raise TypeError(f"put takes a PartitionSpec over the slice's axes; got {spec!r}")
+        rec = _graph.active()
         if isinstance(value, RemoteArray):
-            return self._put_remote(vs, value, spec)
+            return self._put_remote(vs, value, spec, rec)
+        if rec is not None and rec.tracing:
+            return rec.put(vs, value, spec)  # pw.graph traces shapes: nothing is sent
         header: dict[str, Any] = {}
         dtype: Any
         if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
@@ -118,10 +122,17 @@ class ArrayIO(ProgramCalls):
         self._check_open()
         return self._prefetcher.submit(x)
 
-    def _put_remote(self, vs: VirtualSlice, x: RemoteArray, spec: PartitionSpec) -> RemoteArray:
+    def _put_remote(
+        self,
+        vs: VirtualSlice,
+        x: RemoteArray,
+        spec: PartitionSpec,
+        rec: _graph.Recorder | None = None,
+    ) -> RemoteArray:
         """``vs.put(x, spec)`` of an array already on a slice, as ``jax.device_put`` of a
         ``jax.Array``: a new array laid out by ``spec``, moved host to host (or, on x's
-        own slice, resharded there), never through this client."""
+        own slice, resharded there), never through this client. A step being traced or
+        recorded (``rec``) gets the move as a transfer edge of its dataflow graph."""
         x._check_usable()
         vs.check_spec(spec, x.shape)
         if x.slice is vs:
@@ -133,7 +144,12 @@ class ArrayIO(ProgramCalls):
                 )
             return cast(RemoteArray, f(x))
         self._check_movable(x)
-        return self._move(x, vs, spec, cached=False)
+        if rec is not None and rec.tracing:
+            return rec.move(x, vs, spec)
+        copy = self._move(x, vs, spec, cached=False)
+        if rec is not None:
+            rec.moved(x, copy, copy._lid)
+        return copy
 
     def _fetch_one(self, x: RemoteArray) -> Any:
         return self._fetch_values([x])[0]

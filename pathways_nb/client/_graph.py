@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -327,9 +328,9 @@ class Recorder:
         """Tracing: a local value the step would put on ``vs``."""
         arr = np.asarray(value)
         vs.check_spec(spec, arr.shape)
-        out = GraphArray(
-            self.client, arr.shape, arr.dtype, NamedSharding(vs.abstract_mesh, spec), vs
-        )
+        # As a real put: without x64, 64-bit values become their 32-bit kin.
+        dtype = jax.dtypes.canonicalize_dtype(arr.dtype)
+        out = GraphArray(self.client, arr.shape, dtype, NamedSharding(vs.abstract_mesh, spec), vs)
         self._producer[out.handle] = self._add_node("input", "put", vs)
         self._keep.append(out)
         return out

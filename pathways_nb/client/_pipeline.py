@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from pathways_nb.client._jit import RemoteFunction, jit
+from pathways_nb.client._programs import _moved_spec
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._stages import (
     backward,
@@ -252,34 +253,76 @@ class Pipeline:
         )
 
     def init(self, params: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-        """Place each stage's parameters on its slice (replicated) and make the
-        optimizer state there."""
-        if len(params) != len(self.slices):
-            raise ValueError(f"one parameter tree per stage: got {len(params)}")
+        """Place each stage's parameters on its slice and make the optimizer state there.
+
+        Values become replicated arrays on the stage's slice; a RemoteArray already there
+        is kept as it is, one on another slice is moved there (keeping its PartitionSpec
+        where the stage's mesh has those axes, replicated otherwise).
+        """
+        _check_per_stage(
+            "params", params, len(self.slices), "a list with one parameter tree per stage"
+        )
+        _check_own_arrays(params)
+
+        def place(v: Any, vs: VirtualSlice) -> Any:
+            if not isinstance(v, RemoteArray):
+                return vs.put(v, PartitionSpec())
+            if v.slice is vs:
+                return v
+            return vs.put(v, _moved_spec(v, vs, None))
+
         placed = [
-            jax.tree.map(
-                lambda v, vs=vs: v if isinstance(v, RemoteArray) else vs.put(v, PartitionSpec()),
-                p,
-            )
+            jax.tree.map(lambda v, vs=vs: place(v, vs), p)
             for p, vs in zip(params, self.slices, strict=True)
         ]
         states = [f(p) for f, p in zip(self._opt_init, placed, strict=True)]
         return placed, states
 
-    def _split(self, batch: Any, vs: VirtualSlice, what: str) -> list[RemoteArray]:
+    def _split(self, batch: Any, vs: VirtualSlice, what: str) -> list[Any]:
+        """``batch`` (an array or a pytree of them, each leaf one row per example) as
+        ``microbatches`` pytrees of the same structure on ``vs``, leaf by leaf."""
         m = self.microbatches
-        remote = isinstance(batch, RemoteArray)
-        arr = batch if remote else np.asarray(batch)
-        rows = arr.shape[0] if arr.ndim else 0
-        if not rows or rows % m:
+        leaves, treedef = jax.tree.flatten(batch)
+        parts = []
+        for leaf in leaves:
+            if isinstance(leaf, RemoteArray):
+                parts.append(list(self._splitter(vs)(leaf)))
+            else:
+                parts.append(
+                    [vs.put(part, self.batch_spec) for part in np.split(np.asarray(leaf), m)]
+                )
+        return [treedef.unflatten([p[i] for p in parts]) for i in range(m)]
+
+    def _rows(self, batch: Any, what: str) -> int:
+        """The examples in ``batch``: the first dimension every leaf shares, a multiple
+        of ``microbatches``; a clear error otherwise."""
+        m = self.microbatches
+        leaves = jax.tree_util.tree_leaves_with_path(batch)
+        if not leaves:
             raise ValueError(
-                f"{what} has {rows} rows, which do not split into microbatches={m}: pass a "
-                f"batch whose first dimension is a multiple of {m}, or choose microbatches "
-                "that divide it"
+                f"{what} holds no arrays (got {type(batch).__name__}): pass an array, or a "
+                "pytree of arrays with one row per example"
             )
-        if remote:
-            return list(self._splitter(vs)(batch))
-        return [vs.put(part, self.batch_spec) for part in np.split(arr, m)]
+        rows = {
+            what + jax.tree_util.keystr(k): (np.shape(v)[0] if np.ndim(v) else 0) for k, v in leaves
+        }
+        counts = set(rows.values())
+        if len(counts) > 1:
+            raise ValueError(
+                f"{what}'s leaves have different numbers of rows {rows}: every leaf of a "
+                "batch holds one row per example"
+            )
+        [n] = counts
+        if not n or n % m:
+            hint = ""
+            if not n and isinstance(batch, (list, tuple)):
+                hint = " (a list or tuple is a pytree, as in JAX: np.asarray makes it one array)"
+            raise ValueError(
+                f"{what} has {n} rows{' in each leaf' if len(rows) > 1 else ''}, which do not "
+                f"split into microbatches={m}: pass a batch whose first dimension is a "
+                f"multiple of {m}, or choose microbatches that divide it{hint}"
+            )
+        return n
 
     def _splitter(self, vs: VirtualSlice) -> RemoteFunction:
         # One program per slice, kept: a new function each step would be traced and
@@ -303,14 +346,11 @@ class Pipeline:
         The old parameters and optimizer state are donated.
         """
         n = len(self.stages)
-        for what, given in (("params", params), ("opt_state", opt_state)):
-            if not isinstance(given, (list, tuple)) or len(given) != n:
-                got = f"{len(given)} items" if isinstance(given, (list, tuple)) else type(given)
-                raise ValueError(
-                    f"{what} must hold one entry per stage ({n}); got {got}. Pass what "
-                    "step.init(params) returned, or the previous step's new values"
-                )
-        nx, ny = (np.shape(b)[0] if np.ndim(b) else None for b in (x, y))
+        hint = "what step.init(params) returned, or the previous step's new values"
+        _check_per_stage("params", params, n, hint)
+        _check_per_stage("opt_state", opt_state, n, hint)
+        _check_own_arrays(params)
+        nx, ny = self._rows(x, "x"), self._rows(y, "y")
         if nx != ny:
             raise ValueError(
                 f"x has {nx} rows and y {ny}: a step takes one row of y per row of x "
@@ -414,6 +454,31 @@ class Pipeline:
         }
 
 
+def _check_per_stage(what: str, given: Any, n: int, hint: str) -> None:
+    if not isinstance(given, (list, tuple)) or len(given) != n:
+        got = f"{len(given)} items" if isinstance(given, (list, tuple)) else type(given)
+        raise ValueError(f"{what} must hold one entry per stage ({n}); got {got}. Pass {hint}")
+
+
+def _check_own_arrays(params: Sequence[Any]) -> None:
+    """Refuse one RemoteArray in two places of the parameters: a step donates every
+    stage's parameters when it updates them, so the second use would find it gone."""
+    seen: dict[int, str] = {}
+    for s, tree in enumerate(params):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            if not isinstance(leaf, RemoteArray):
+                continue
+            where = f"params[{s}]{jax.tree_util.keystr(path)}"
+            first = seen.setdefault(id(leaf), where)
+            if first != where:
+                raise ValueError(
+                    f"{first} and {where} are one RemoteArray; each stage's update donates "
+                    "its parameters, so every parameter must be an array of its own. Pass a "
+                    "copy (vs.put(x) on the stage's slice, or copy.deepcopy); parameters "
+                    "tied across stages are not shared by a pipeline"
+                )
+
+
 def _check_arguments(
     stages: Sequence[Any],
     slices: Sequence[Any],
@@ -507,12 +572,15 @@ def pipeline(
 
     ``stages[i](params_i, x)`` maps stage ``i``'s input to its output;
     ``loss_fn(output, y)`` gives a scalar mean loss; ``optimizer`` is an optax
-    ``GradientTransformation``. ``schedule`` is ``"gpipe"`` (all forwards, then all
-    backwards) or ``"1f1b"`` (one forward, one backward once warm, so fewer activations
-    wait). ``batch_spec`` shards each microbatch over a stage slice's mesh (default:
-    replicated). Each stage's backward uses the residuals its forward kept on the slice
-    (a ``jax.vjp`` returned as remote arrays); ``remat=True`` recomputes the forward
-    instead, keeping only the stage's input: less memory, a third more arithmetic.
+    ``GradientTransformation``. A step's ``x`` and ``y`` are arrays or pytrees of them
+    (``(labels, mask)``, a dict of features), every leaf with one row per example; each
+    leaf is cut into the microbatches along its first dimension. ``schedule`` is
+    ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward, one
+    backward once warm, so fewer activations wait). ``batch_spec`` shards each
+    microbatch over a stage slice's mesh (default: replicated). Each stage's backward
+    uses the residuals its forward kept on the slice (a ``jax.vjp`` returned as remote
+    arrays); ``remat=True`` recomputes the forward instead, keeping only the stage's
+    input: less memory, a third more arithmetic.
 
     ``reduce_grads`` says when a stage's devices add up their parameter gradients:
     ``"microbatch"`` (default) in every backward, exactly as one program over the whole

@@ -8,6 +8,7 @@ one sitting; it runs on the controller's thread like the rest.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,7 @@ class HostMessages:
     # tenant -> [lid, error] notices not yet sent; when the oldest must go (monotonic).
     _done_buf: dict[int, list[Any]]
     _done_due: float | None
+    _shutting_down: threading.Event
 
     # Provided by the server, which owns the sockets.
     _send_client: Callable[..., None]
@@ -246,7 +248,10 @@ class HostMessages:
         if ident is not None:
             self._ident_host.pop(ident, None)
         self.events.add("host_lost", island=info.island, host=host, detail=reason)
-        log.warning("host %s lost: %s", host, reason)
+        if self._shutting_down.is_set():
+            log.info("host %s gone as the cluster closes: %s", host, reason)
+        else:
+            log.warning("host %s lost: %s", host, reason)
         # Clients hear that the slices are lost before any launch fails with them, so
         # code that catches the failure finds the slice lost (and new work waits for it).
         per_tenant: dict[int, list[str]] = {}

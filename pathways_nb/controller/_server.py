@@ -137,6 +137,8 @@ class Controller(ClientRequests, HostMessages):
         self._next_rid = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # Set when the whole cluster shuts down: hosts going then are no loss to warn of.
+        self._shutting_down = threading.Event()
         self._started = threading.Event()
         self._outbox: Outbox | None = None
         self.client_address = ""
@@ -185,6 +187,11 @@ class Controller(ClientRequests, HostMessages):
         self.stop()
 
     # thread-safe entry points -------------------------------------------------------
+    def shutting_down(self) -> None:
+        """Say the cluster is closing: hosts that go from now on are logged as gone,
+        not warned of as lost."""
+        self._shutting_down.set()
+
     def host_lost(self, host: str, reason: str = "the cluster reported it gone") -> None:
         """Tell the controller a host died (called from the Dask scheduler plugin)."""
         if self._outbox is not None:

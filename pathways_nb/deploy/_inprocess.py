@@ -99,6 +99,7 @@ class InProcessCluster:
         # socket in it to close.
         for client in list(self._clients):
             client.close()
+        self.controller.shutting_down()
         for h in self.hosts:
             h.stop()
         self.controller.stop()

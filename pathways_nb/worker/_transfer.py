@@ -228,8 +228,8 @@ class Sender:
         current = self._store.get(src)
         try:
             self._send(current if current is not None else entry, body)
-        except Exception:
-            log.exception("host %s failed a transfer", self.host)
+        except Exception as exc:
+            self._log_failure(exc)
         finally:
             self._on_read(src)
 
@@ -246,8 +246,8 @@ class Sender:
                 entry, body = item
                 try:
                     self._send(entry, body)
-                except Exception:
-                    log.exception("host %s failed a transfer", self.host)
+                except Exception as exc:
+                    self._log_failure(exc)
                 finally:
                     self._on_read(int(body["src"]))
                 self._drain_replies()
@@ -256,6 +256,14 @@ class Sender:
                 for s in self._socks.values():
                     s.close(0)
                 self._socks.clear()
+
+    def _log_failure(self, exc: Exception) -> None:
+        if isinstance(exc, ClosedError) and self._stopping.is_set():
+            # The host is shutting down with the destination gone first: what the
+            # transfer was for went with them, so it is no failure worth a traceback.
+            log.info("%s", exc)
+        else:
+            log.error("host %s failed a transfer", self.host, exc_info=exc)
 
     def _sock(self, address: str) -> DealerSocket:
         with self._lock:
