@@ -291,7 +291,7 @@ class Pipeline:
                 parts.append(
                     [vs.put(part, self.batch_spec) for part in np.split(np.asarray(leaf), m)]
                 )
-        return [treedef.unflatten([p[i] for p in parts]) for i in range(m)]
+        return [jax.tree.unflatten(treedef, [p[i] for p in parts]) for i in range(m)]
 
     def _rows(self, batch: Any, what: str) -> int:
         """The examples in ``batch``: the first dimension every leaf shares, a multiple
