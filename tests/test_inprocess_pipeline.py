@@ -177,6 +177,28 @@ def test_reduce_grads_errors_say_what_to_pass(slices: list[pw.VirtualSlice]) -> 
         )
 
 
+def test_a_stage_constraining_the_rows_reduce_grads_step_splits_is_told_why(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    def constrained(p: dict, x: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(layer(p, x), PartitionSpec("data"))
+
+    step = pw.pipeline(
+        [constrained, layer, layer, head],
+        slices,
+        mse,
+        optax.sgd(0.1),
+        microbatches=4,
+        batch_spec=PartitionSpec("data"),
+        reduce_grads="step",
+    )
+    params, state = step.init(_params(SIZES))
+    x, y = _batch()
+    with pytest.raises(ValueError, match="Auto axes") as info:
+        step(params, state, x, y)
+    assert any("takes reduce_grads='microbatch'" in note for note in info.value.__notes__)
+
+
 def test_pipeline_arguments_of_the_wrong_kind_are_named(slices: list[pw.VirtualSlice]) -> None:
     stages = [layer, layer, layer, head]
     opt = optax.sgd(0.1)

@@ -356,6 +356,24 @@ class Pipeline:
                 f"x has {nx} rows and y {ny}: a step takes one row of y per row of x "
                 "(each microbatch's loss compares them row by row)"
             )
+        try:
+            return self._step(params, opt_state, x, y)
+        except Exception as exc:
+            # JAX's words for a sharding constraint or collective over an axis that
+            # shard_map made manual never mention why the axis is manual here.
+            if self.reduce_grads == "step" and "Manual" in str(exc):
+                exc.add_note(
+                    "reduce_grads='step' runs each stage on each device's own rows (under "
+                    "shard_map over batch_spec's axes), where a stage cannot constrain "
+                    "shardings or reduce over those axes; a model with such a stage takes "
+                    "reduce_grads='microbatch'"
+                )
+            raise
+
+    def _step(
+        self, params: Sequence[Any], opt_state: Sequence[Any], x: Any, y: Any
+    ) -> tuple[list[Any], list[Any], RemoteArray]:
+        n = len(self.stages)
         xs = self._split(x, self.slices[0], "x")
         ys = self._split(y, self.slices[-1], "y")
         acts: dict[tuple[int, int], Any] = {(0, i): v for i, v in enumerate(xs)}
