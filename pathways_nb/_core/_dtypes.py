@@ -19,7 +19,9 @@ from pathways_nb._core._errors import ProtocolError
 def encode_dtype(dtype: Any) -> str:
     """The wire name of ``dtype``."""
     dt = np.dtype(dtype)
-    return dt.str if dt.kind in "biufc" else dt.name
+    # Some ml_dtypes types report a builtin kind and a code NumPy cannot read back
+    # (float8_e5m2: kind "f", "<f1"): those go by name too.
+    return dt.str if dt.kind in "biufc" and not _from_ml_dtypes(dt) else dt.name
 
 
 def decode_dtype(name: Any) -> np.dtype[Any]:

@@ -54,7 +54,8 @@ class ArrayIO(ProgramCalls):
         if isinstance(value, RemoteArray):
             return self._put_remote(vs, value, spec, rec)
         if rec is not None and rec.tracing:
-            return rec.put(vs, value, spec)  # pw.graph traces shapes: nothing is sent
+            # pw.graph traces shapes: nothing is sent.
+            return _weak_if_scalar(value, rec.put(vs, value, spec))
         header: dict[str, Any] = {}
         dtype: Any
         if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
@@ -63,6 +64,11 @@ class ArrayIO(ProgramCalls):
             shape = value.shape
             data = np.asarray(jax.random.key_data(value), order="C")
         else:
+            if isinstance(value, np.ma.MaskedArray):
+                raise ValueError(
+                    "put does not take NumPy masked arrays (its mask would be dropped); "
+                    "pass value.filled(fill_value), and the mask as an array of its own"
+                )
             # A view where it can be, so that its size is checked before anything is copied.
             try:
                 data = np.asarray(value)
@@ -85,9 +91,14 @@ class ArrayIO(ProgramCalls):
                     "exported for the hosts cannot take them as arguments. Put the values "
                     "as int8 (or uint8) and convert inside the program."
                 )
+            if not data.dtype.isnative:
+                # Hosts read arrays in their own byte order (big-endian data from a file).
+                data = data.astype(data.dtype.newbyteorder("="))
             # As jax.device_put does: without x64, 64-bit types become their 32-bit kin.
             canonical = jax.dtypes.canonicalize_dtype(data.dtype)
             if canonical != data.dtype:
+                if data.dtype.kind in "iu" and not isinstance(value, np.ndarray | np.generic):
+                    _check_python_ints(value, data, canonical)
                 data = data.astype(canonical)
             dtype, shape = data.dtype, data.shape
         vs.check_spec(spec, shape)
@@ -108,14 +119,17 @@ class ArrayIO(ProgramCalls):
         )
         fut = self._io.host_request(vs.data_address, header, [as_bytes(data)])
         fut.add_done_callback(lambda f: self._put_done(f, handle))
-        return RemoteArray(
-            self._as_client(),
-            handle,
-            shape,
-            dtype,
-            NamedSharding(vs.abstract_mesh, spec),
-            vs,
-            _LOCAL_LID,
+        return _weak_if_scalar(
+            value,
+            RemoteArray(
+                self._as_client(),
+                handle,
+                shape,
+                dtype,
+                NamedSharding(vs.abstract_mesh, spec),
+                vs,
+                _LOCAL_LID,
+            ),
         )
 
     def _prefetch(self, x: RemoteArray) -> Any:
@@ -318,3 +332,28 @@ def _same(v: Any) -> Any:
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _weak_if_scalar(value: Any, out: RemoteArray) -> RemoteArray:
+    """A Python number is typed weakly, as jax.device_put and jax.jit type one: it takes
+    the dtype of the arrays it meets (``x_f16 * 2.0`` stays float16)."""
+    if type(value) in (int, float, complex):
+        out.weak_type = True
+        out._sig = (*out._sig, "weak")
+    return out
+
+
+def _check_python_ints(value: Any, data: np.ndarray, dtype: np.dtype[Any]) -> None:
+    """Python ints that ``dtype`` cannot hold raise OverflowError, as in JAX, instead of
+    wrapping around when NumPy's int64 becomes ``dtype``."""
+    if not data.size:
+        return
+    info = np.iinfo(dtype)
+    lo, hi = int(data.min()), int(data.max())
+    if lo < info.min or hi > info.max:
+        bad = hi if hi > info.max else lo
+        raise OverflowError(
+            f"Python int {bad} too large to convert to {dtype} (from {_short(value)}): "
+            "without 64-bit types (jax_enable_x64), JAX's integers are 32-bit. Pass "
+            f"values between {info.min} and {info.max}, or a float"
+        )

@@ -3,6 +3,7 @@ each a small program that makes a new array on the array's slice."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,3 +55,24 @@ class AtIndex:
 
     def get(self, **kwargs: Any) -> RemoteArray:
         return self._update("get", **kwargs)
+
+    def apply(self, func: Callable[[Any], Any], **kwargs: Any) -> RemoteArray:
+        """``func`` (elementwise, such as ``jnp.sin``) applied where the index points, as
+        ``jax.Array.at[...].apply``. A function has no stable key to cache a program by,
+        so each call traces its own."""
+        from pathways_nb.client._indexing import fill_index, split_index
+        from pathways_nb.client._jit import jit
+
+        if not callable(func):
+            raise TypeError(
+                f"at[...].apply takes a function of one array (such as jnp.sin); got "
+                f"{type(func).__name__} {func!r}"
+            )
+        key, fixed, arrays = split_index(self._index)
+
+        def fn(a: Any, *dyn: Any) -> Any:
+            return a.at[fill_index(fixed, dyn)].apply(func, **kwargs)
+
+        name = f"at[{key}].apply({getattr(func, '__name__', 'fn')})"
+        out: RemoteArray = jit(fn, slice=self._x.slice, name=name)(self._x, *arrays)
+        return out

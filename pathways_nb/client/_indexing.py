@@ -15,8 +15,8 @@ from pathways_nb.client._remote import RemoteArray, _is_numpy_dtype
 def static_key(value: Any) -> str:
     """A stable text key for a value fixed in a small program (an index, an axis, a
     shape, a NumPy array by its contents); TypeError for what cannot be one."""
-    if value is None or value is Ellipsis or isinstance(value, bool | int | float | str):
-        return repr(value)
+    if value is None or value is Ellipsis or isinstance(value, bool | int | float | complex | str):
+        return repr(value)  # repr tells 0.0 from -0.0
     if isinstance(value, slice):
         return f"{static_key(value.start)}:{static_key(value.stop)}:{static_key(value.step)}"
     if isinstance(value, tuple | list):
@@ -27,7 +27,7 @@ def static_key(value: Any) -> str:
         return np.dtype(value).name
     if isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__"):
         arr = np.asarray(value)
-        if arr.dtype.kind not in "biuf":
+        if arr.dtype.kind not in "biufc":
             raise TypeError(f"a {arr.dtype} array cannot be fixed in a program")
         digest = hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()[:16]
         return f"array{arr.dtype.str}{arr.shape}{digest}"
@@ -43,6 +43,18 @@ def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
     fixed: list[Any] = []
     keys: list[str] = []
     for p in parts:
+        if (
+            isinstance(p, RemoteArray)
+            and not p.ndim
+            and _is_numpy_dtype(p.dtype)
+            and p.dtype == np.bool_
+        ):
+            # A 0-d mask adds an axis of length 1 or 0, as True or False does: its value
+            # decides the shape, so it is read.
+            flag = bool(np.asarray(p))
+            fixed.append(flag)
+            keys.append(repr(flag))
+            continue
         if (
             isinstance(p, RemoteArray)
             and p.ndim

@@ -47,6 +47,16 @@ class Program:
     out_shardings: list[NamedSharding] | None = None
 
     @property
+    def weak_outputs(self) -> tuple[int, ...]:
+        """The outputs JAX types weakly (``int_array * 0.5``), as jax.jit's results."""
+        weak = self.__dict__.get("_weak")
+        if weak is None:
+            weak = self.__dict__["_weak"] = tuple(
+                i for i, a in enumerate(self.out_avals) if getattr(a, "weak_type", False)
+            )
+        return weak
+
+    @property
     def single_output(self) -> bool:
         return self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1
 
@@ -102,15 +112,16 @@ class RemoteFunction:
         self.name: str = name or str(getattr(fun, "__name__", "program"))
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
-        self.static_argnums = _norm_argnums(static_argnums, "static_argnums")
-        self.static_argnames = (
-            (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames or ())
-        )
         try:
             self._signature: inspect.Signature | None = inspect.signature(fun)
         except (TypeError, ValueError):
             self._signature = None
-        self.donate_argnums, self.donate_argnames = self._donation(donate_argnums, donate_argnames)
+        self.static_argnums, self.static_argnames = self._argnums_and_names(
+            static_argnums, static_argnames, "static"
+        )
+        self.donate_argnums, self.donate_argnames = self._argnums_and_names(
+            donate_argnums, donate_argnames, "donate"
+        )
         self.donates = bool(self.donate_argnums or self.donate_argnames)
         overlap = set(self.static_argnums) & set(self.donate_argnums)
         overlap_names = set(self.static_argnames) & set(self.donate_argnames)
@@ -126,12 +137,13 @@ class RemoteFunction:
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, fun)
 
-    def _donation(
-        self, argnums: int | Sequence[int] | None, argnames: str | Sequence[str] | None
+    def _argnums_and_names(
+        self, argnums: int | Sequence[int] | None, argnames: str | Sequence[str] | None, what: str
     ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The donated positions and names. As in jax.jit, either one given alone implies
-        the other through the function's signature."""
-        nums = _norm_argnums(argnums, "donate_argnums")
+        """The static or donated (``what``) positions and names. As in jax.jit, either one
+        given alone implies the other through the function's signature, so an argument
+        is static (or donated) whether it is passed by position or by keyword."""
+        nums = _norm_argnums(argnums, f"{what}_argnums")
         names = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
         params = list(self._signature.parameters.values()) if self._signature else []
         positional = [
@@ -146,7 +158,7 @@ class RemoteFunction:
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise ValueError(
-                    f"donate_argnames names {unknown[0]!r}, which {self.name} does not take "
+                    f"{what}_argnames names {unknown[0]!r}, which {self.name} does not take "
                     f"by keyword; its parameters are ({', '.join(p.name for p in params)})"
                 )
         if names and argnums is None:
@@ -239,10 +251,8 @@ class RemoteFunction:
         """Separate static from dynamic arguments: ((args, kwargs) dynamic, static key)."""
         if not self.static_argnums and not self.static_argnames:
             return (args, kwargs), ((), (), len(args))
-        for i in self.static_argnums:
-            if i >= len(args):
-                raise TypeError(f"{self.name}: static_argnums has {i} but only {len(args)} args")
-        static_pos = tuple((i, args[i]) for i in self.static_argnums)
+        # A static argument left to its default is not passed: the function sees it.
+        static_pos = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
         static_kw = tuple(sorted((k, kwargs[k]) for k in self.static_argnames if k in kwargs))
         for _, v in (*static_pos, *static_kw):
             if isinstance(v, RemoteArray):

@@ -157,16 +157,8 @@ class ProgramCalls:
     ) -> RemoteArray:
         """``x`` as a RemoteArray on ``vs``: put if it is local, moved if it lives elsewhere."""
         if not isinstance(x, RemoteArray):
-            if rec is not None and rec.tracing:
-                put = rec.put(vs, x, spec or PartitionSpec())
-            else:
-                put = self._put(vs, x, spec or PartitionSpec())
-            if type(x) in (int, float, complex):
-                # jax.jit traces a Python number as a weakly typed scalar: it takes the
-                # dtype of the arrays it meets instead of promoting them.
-                put.weak_type = True
-                put._sig = (*put._sig, "weak")
-            return put
+            # A Python number comes back weakly typed, as jax.jit traces one.
+            return self._put(vs, x, spec or PartitionSpec())
         x._check_usable()
         if x.slice is vs:
             return x
@@ -286,6 +278,9 @@ class ProgramCalls:
             RemoteArray(self._as_client(), h, aval.shape, aval.dtype, sharding, vs, lid)
             for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
         ]
+        for i in prog.weak_outputs:
+            results[i].weak_type = True
+            results[i]._sig = (*results[i]._sig, "weak")
         if prog.single_output:
             return results[0]
         return jax.tree.unflatten(prog.out_tree, results)
@@ -322,7 +317,12 @@ class ProgramCalls:
             for i, a in enumerate(args)
             if isinstance(a, int | float | bool)
         )
-        k = (key, x.slice.id, consts)
+        # 0.0 == -0.0 (and NaN is not NaN): floats key their programs by their bits.
+        k = (
+            key,
+            x.slice.id,
+            tuple((i, t, a.hex() if isinstance(a, float) else a) for i, t, a in consts),
+        )
         f = self._ops.get(k)
         if f is not None:
             self._ops.move_to_end(k)

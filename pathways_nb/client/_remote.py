@@ -528,6 +528,16 @@ def _not_comparable(x: RemoteArray, other: Any) -> Any:
     return NotImplemented
 
 
+def _concrete_int(v: Any) -> bool:
+    """Whether ``v`` is a 0-d integer NumPy value or jax.Array (a RemoteArray's value
+    is on its slice, so it is not)."""
+    import jax
+
+    if isinstance(v, RemoteArray) or not isinstance(v, np.generic | np.ndarray | jax.Array):
+        return False
+    return np.ndim(v) == 0 and np.dtype(v.dtype).kind in "iu"
+
+
 def _binary(op: Callable[[Any, Any], Any], name: str, reflected: bool) -> Callable[..., Any]:
     def method(self: RemoteArray, other: Any) -> Any:
         if not _operand(other):
@@ -536,6 +546,11 @@ def _binary(op: Callable[[Any, Any], Any], name: str, reflected: bool) -> Callab
         def fn(a: Any, b: Any) -> Any:
             return op(b, a) if reflected else op(a, b)
 
+        if name == "pow" and not reflected and _concrete_int(other):
+            # jnp.power raises to a concrete integer exponent by repeated multiplication,
+            # keeping the base's dtype (int8 ** np.int64(5) is int8): the exponent is
+            # fixed in the program, as a Python int is.
+            other = int(other)
         key = f"{'r' if reflected else ''}{name}"
         return self._client._op(key, fn, self, other)
 
