@@ -162,7 +162,7 @@ def test_a_ragged_put_says_what_put_takes(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     with pytest.raises(TypeError, match=r"array-like.*list \[\[1, 2\], \[3\]\] is not one") as info:
         vs.put([[1, 2], [3]])
-    assert "dict or tuple of arrays" in str(info.value) and info.value.__cause__ is None
+    assert "several arrays go as a dict" in str(info.value) and info.value.__cause__ is None
 
 
 def test_released_slice_and_deleted_array_fail_at_once(client: pw.Client) -> None:

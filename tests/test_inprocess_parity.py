@@ -135,3 +135,73 @@ def test_masked_arrays_are_refused_as_jax_refuses_them(vs: pw.VirtualSlice) -> N
         jax.device_put(masked)
     with pytest.raises(ValueError, match=r"masked arrays.*value.filled"):
         vs.put(masked)
+
+
+def test_remote_masks_must_cover_the_dimensions_they_index(vs: pw.VirtualSlice) -> None:
+    v = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    x, j = vs.put(v), jnp.asarray(v)
+    good = np.array([True, False, True, True])
+    for bad in (np.ones(10, bool), np.ones(3, bool)):
+        with pytest.raises(IndexError, match="boolean index did not match"):
+            j[..., bad]
+        with pytest.raises(
+            IndexError, match=r"did not match.*index 1: got \(\d+,\), expected \(4,\)"
+        ):
+            x[..., vs.put(bad)]
+        with pytest.raises(IndexError, match="did not match"):
+            x.at[:, :, vs.put(bad)].set(-1)
+    np.testing.assert_array_equal(np.asarray(x[..., vs.put(good)]), np.asarray(j[..., good]))
+    np.testing.assert_array_equal(np.asarray(x[:, None, vs.put(good[:3])]), v[:, None, good[:3]])
+    both = np.array([[True, False, True], [False, True, True]])
+    np.testing.assert_array_equal(np.asarray(x[vs.put(both)]), v[both])
+    np.testing.assert_array_equal(np.asarray(x.at[vs.put(both), 1:].set(0)), j.at[both, 1:].set(0))
+
+
+def test_static_values_of_different_types_trace_programs_of_their_own(
+    vs: pw.VirtualSlice,
+) -> None:
+    ints = np.arange(3, dtype=np.int32)
+    ours = pw.jit(lambda a, k: a * k, static_argnums=1)
+    theirs = jax.jit(lambda a, k: a * k, static_argnums=1)
+    x = vs.put(ints)
+    for k in (2, 2.0, True, 2.5):
+        got, want = ours(x, k), theirs(ints, k)
+        assert got.dtype == want.dtype, k
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_static_argnums_count_from_the_end_and_are_checked_as_in_jax(
+    vs: pw.VirtualSlice,
+) -> None:
+    def repeat(a: jax.Array, k: int) -> jax.Array:
+        return sum(a for _ in range(k))
+
+    x = vs.put(np.arange(4, dtype=np.int32))
+    np.testing.assert_array_equal(np.asarray(pw.jit(repeat, static_argnums=-1)(x, 3)), [0, 3, 6, 9])
+    with pytest.raises(ValueError):
+        jax.jit(repeat, static_argnums=5)
+    with pytest.raises(ValueError, match=r"static_argnums=\(5,\) names position 5.*takes 2"):
+        pw.jit(repeat, static_argnums=5)
+
+
+def test_eval_shape_and_trace_type_python_numbers_weakly(vs: pw.VirtualSlice) -> None:
+    f = pw.jit(lambda a, s: a * s, slice=vs)
+    g = jax.jit(lambda a, s: a * s)
+    for dtype, scalar in ((np.float16, 2.0), (np.int8, 2)):
+        x = vs.put(np.ones(4, dtype))
+        want = jax.eval_shape(g, jnp.ones(4, dtype), scalar).dtype
+        assert want == dtype
+        assert f.eval_shape(x, scalar).dtype == want
+        assert f(x, scalar).dtype == want
+        assert f.trace(x, scalar).out_info.dtype == want
+
+
+def test_a_closed_clients_slices_read_released(cluster: pw.InProcessCluster) -> None:
+    client = cluster.client()
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones(2, np.float32))
+    client.close()
+    assert vs.state == "released" and "released" in repr(x)
+    vs.release()  # a no-op, as releasing twice is
+    with pytest.raises(pw.ClosedError):
+        vs.put(np.ones(2))

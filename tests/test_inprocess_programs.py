@@ -222,8 +222,8 @@ def test_donation_deletes_the_argument(client: pw.Client) -> None:
         x.fetch()
     with pytest.raises(pw.ClosedError):
         f(x)
-    with pytest.raises(ValueError, match="names argument 2, but the call passed 1"):
-        pw.jit(lambda x: x, donate_argnums=2)(y)  # as jax.jit refuses it
+    with pytest.raises(ValueError, match=r"donate_argnums=\(2,\) names position 2.*takes 1"):
+        pw.jit(lambda x: x, donate_argnums=2)  # as jax.jit refuses it
     # Passed by keyword, a donated argument is found through the signature, as in jax.jit.
     by = vs.put(np.full(4, 2.0, np.float32), P("data"))
     z = pw.jit(lambda a, by: a * by, donate_argnums=1)(y, by=by)

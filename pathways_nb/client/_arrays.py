@@ -75,8 +75,10 @@ class ArrayIO(ProgramCalls):
             except ValueError as exc:
                 raise TypeError(
                     f"put takes an array-like (what np.asarray reads as one array); "
-                    f"{type(value).__name__} {_short(value)} is not one: {exc}. Several arrays "
-                    "go as a dict or tuple of arrays, each leaf put as its own RemoteArray"
+                    f"{type(value).__name__} {_short(value)} is not one: {exc}. A list or "
+                    "tuple of arrays is read as one array, as np.asarray reads it; several "
+                    "arrays go as a dict (or a named tuple) of them, each leaf put as its "
+                    "own RemoteArray"
                 ) from None
             self._check_put_fits(vs, data.nbytes)
             data = np.asarray(data, order="C")

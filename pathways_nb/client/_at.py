@@ -68,7 +68,7 @@ class AtIndex:
                 f"at[...].apply takes a function of one array (such as jnp.sin); got "
                 f"{type(func).__name__} {func!r}"
             )
-        key, fixed, arrays = split_index(self._index)
+        key, fixed, arrays = split_index(self._index, self._x.shape)
 
         def fn(a: Any, *dyn: Any) -> Any:
             return a.at[fill_index(fixed, dyn)].apply(func, **kwargs)

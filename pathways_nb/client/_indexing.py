@@ -34,15 +34,17 @@ def static_key(value: Any) -> str:
     raise TypeError(f"a {type(value).__name__} cannot be fixed in a program")
 
 
-def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
-    """An index as (key, the index with each RemoteArray in it replaced by its position
-    among the returned arrays, those arrays). NumPy arrays stay in the index (fixed in
-    the program by their contents); RemoteArrays are its arguments."""
+def split_index(index: Any, shape: tuple[int, ...]) -> tuple[str, Any, list[RemoteArray]]:
+    """An index into an array of ``shape`` as (key, the index with each RemoteArray in
+    it replaced by its position among the returned arrays, those arrays). NumPy arrays
+    stay in the index (fixed in the program by their contents); RemoteArrays are its
+    arguments."""
     parts = index if isinstance(index, tuple) else (index,)
     arrays: list[RemoteArray] = []
     fixed: list[Any] = []
     keys: list[str] = []
-    for p in parts:
+    dims = _first_dims(parts, len(shape))
+    for n, p in enumerate(parts):
         if (
             isinstance(p, RemoteArray)
             and not p.ndim
@@ -65,6 +67,13 @@ def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
             # leave open: read the mask, as a jax.Array index reads a concrete one, and
             # index with where it is true (NumPy's meaning of a mask), put on its slice
             # so that one program serves every mask with as many true entries.
+            covered = shape[dims[n] : dims[n] + p.ndim]
+            if p.shape != covered:
+                raise IndexError(
+                    f"boolean index did not match shape of indexed array in index {n}: got "
+                    f"{p.shape}, expected {covered} (a mask covers as many dimensions as it "
+                    "has, each as long as the array's)"
+                )
             for where in np.nonzero(np.asarray(p)):
                 fixed.append(Dynamic(len(arrays)))
                 keys.append(f"remote{len(arrays)}")
@@ -85,6 +94,26 @@ def split_index(index: Any) -> tuple[str, Any, list[RemoteArray]]:
         fixed.append(p)
     rebuilt: Any = tuple(fixed) if isinstance(index, tuple) or len(fixed) != 1 else fixed[0]
     return ",".join(keys), rebuilt, arrays
+
+
+def _first_dims(parts: Sequence[Any], ndim: int) -> list[int]:
+    """The first dimension of the indexed array each part of an index applies to: None
+    adds one (and takes none), a mask takes as many as it has, an Ellipsis what the
+    others leave, anything else one."""
+
+    def takes(p: Any) -> int:
+        if p is None or p is Ellipsis:
+            return 0
+        if getattr(p, "dtype", None) == np.bool_:
+            return int(np.ndim(p))
+        return 1
+
+    rest = ndim - sum(takes(p) for p in parts)
+    out, at = [], 0
+    for p in parts:
+        out.append(at)
+        at += max(rest, 0) if p is Ellipsis else takes(p)
+    return out
 
 
 class Dynamic:

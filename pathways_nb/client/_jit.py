@@ -153,6 +153,17 @@ class RemoteFunction:
             in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         ]
         takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+        takes_args = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+        if nums and self._signature is not None and not takes_args:
+            # As jax.jit: positions are checked against the signature, and a negative
+            # one counts from the end of its positional parameters.
+            beyond = [i for i in nums if not -len(positional) <= i < len(positional)]
+            if beyond:
+                raise ValueError(
+                    f"{what}_argnums={nums} names position {beyond[0]}, but {self.name} takes "
+                    f"{len(positional)} positional arguments ({', '.join(positional)})"
+                )
+            nums = tuple(i % len(positional) for i in nums)
         if names and self._signature is not None and not takes_kwargs:
             known = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
             unknown = [n for n in names if n not in known]
@@ -250,9 +261,12 @@ class RemoteFunction:
     def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """Separate static from dynamic arguments: ((args, kwargs) dynamic, static key)."""
         if not self.static_argnums and not self.static_argnames:
-            return (args, kwargs), ((), (), len(args))
+            return (args, kwargs), ((), (), len(args), ())
         # A static argument left to its default is not passed: the function sees it.
-        static_pos = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        # Negative positions count from the end of the call's arguments (a function
+        # taking *args; others had theirs resolved from the signature).
+        nums = {i + len(args) if i < 0 else i for i in self.static_argnums}
+        static_pos = tuple((i, args[i]) for i in sorted(nums) if 0 <= i < len(args))
         static_kw = tuple(sorted((k, kwargs[k]) for k in self.static_argnames if k in kwargs))
         for _, v in (*static_pos, *static_kw):
             if isinstance(v, RemoteArray):
@@ -267,13 +281,16 @@ class RemoteFunction:
                 raise TypeError(
                     f"{self.name}: static arguments must be hashable; got {type(v).__name__}"
                 ) from None
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
-        return (dyn_args, dyn_kwargs), (static_pos, static_kw, len(args))
+        # 2 == 2.0 == True, but each traces its own program (as in jax.jit): the types
+        # are part of the key.
+        types = tuple(type(v) for _, v in (*static_pos, *static_kw))
+        return (dyn_args, dyn_kwargs), (static_pos, static_kw, len(args), types)
 
     def _apply(self, dyn: Any, static: Any) -> Any:
         dyn_args, dyn_kwargs = dyn
-        static_pos, static_kw, nargs = static
+        static_pos, static_kw, nargs, _ = static
         full: list[Any] = []
         it = iter(dyn_args)
         sp = dict(static_pos)
@@ -564,8 +581,11 @@ def _abstract_leaf(x: Any) -> Any:
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
+    if type(x) in (int, float, complex):
+        # Typed as jax.jit types a Python number, and as a call puts one: weakly.
+        return jax.ShapeDtypeStruct((), jax.dtypes.canonicalize_dtype(type(x)), weak_type=True)
     arr = np.asarray(x) if not hasattr(x, "dtype") else x
-    return jax.ShapeDtypeStruct(np.shape(arr), arr.dtype)
+    return jax.ShapeDtypeStruct(np.shape(arr), jax.dtypes.canonicalize_dtype(arr.dtype))
 
 
 def jit(

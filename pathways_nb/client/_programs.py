@@ -342,7 +342,7 @@ class ProgramCalls:
         return f(*(a for a in args if not isinstance(a, int | float | bool)))
 
     def _index(self, x: RemoteArray, index: Any) -> RemoteArray:
-        key, fixed, arrays = split_index(index)
+        key, fixed, arrays = split_index(index, x.shape)
         return self._op(f"getitem[{key}]", lambda a, *dyn: a[fill_index(fixed, dyn)], x, *arrays)
 
     def _method(
@@ -357,7 +357,7 @@ class ProgramCalls:
         1-tuple ``(index,)``: an index may itself be None) as a small program on x's
         slice. Arrays among the arguments (RemoteArrays, NumPy arrays) are its arguments;
         everything else is fixed in the program."""
-        key, fixed_at, found = split_index(at[0]) if at is not None else ("", None, [])
+        key, fixed_at, found = split_index(at[0], x.shape) if at is not None else ("", None, [])
         arrays: list[Any] = list(found)
 
         def place(v: Any) -> Any:

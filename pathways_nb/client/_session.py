@@ -187,6 +187,11 @@ class Client(ArrayIO):
         self._prefetcher.stop()
         self._io.stop()
         self._direct.close()
+        # The controller frees a departed client's slices: they read released, and
+        # releasing one again is the no-op it always is.
+        for vs in list(self._slices.values()):
+            vs._set_state("released")
+        self._slices.clear()
         if self._own_ctx:
             self._ctx.term()
         if Client._current is self:
