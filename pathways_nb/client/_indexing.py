@@ -45,24 +45,14 @@ def split_index(index: Any, shape: tuple[int, ...]) -> tuple[str, Any, list[Remo
     keys: list[str] = []
     dims = _first_dims(parts, len(shape))
     for n, p in enumerate(parts):
-        if (
-            isinstance(p, RemoteArray)
-            and not p.ndim
-            and _is_numpy_dtype(p.dtype)
-            and p.dtype == np.bool_
-        ):
-            # A 0-d mask adds an axis of length 1 or 0, as True or False does: its value
-            # decides the shape, so it is read.
-            flag = bool(np.asarray(p))
-            fixed.append(flag)
-            keys.append(repr(flag))
-            continue
-        if (
-            isinstance(p, RemoteArray)
-            and p.ndim
-            and _is_numpy_dtype(p.dtype)
-            and p.dtype == np.bool_
-        ):
+        if isinstance(p, RemoteArray) and _is_numpy_dtype(p.dtype) and p.dtype == np.bool_:
+            if not p.ndim:
+                # A 0-d mask adds an axis of length 1 or 0, as True or False does: its
+                # value decides the shape, so it is read.
+                flag = bool(np.asarray(p))
+                fixed.append(flag)
+                keys.append(repr(flag))
+                continue
             # The result's shape depends on the mask's values, which a program cannot
             # leave open: read the mask, as a jax.Array index reads a concrete one, and
             # index with where it is true (NumPy's meaning of a mask), put on its slice

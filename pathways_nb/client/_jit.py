@@ -45,16 +45,8 @@ class Program:
     in_specs: list[Any] = dataclasses.field(default_factory=list)
     # Filled on first launch: the NamedShardings of the outputs, reused by every launch.
     out_shardings: list[NamedSharding] | None = None
-
-    @property
-    def weak_outputs(self) -> tuple[int, ...]:
-        """The outputs JAX types weakly (``int_array * 0.5``), as jax.jit's results."""
-        weak = self.__dict__.get("_weak")
-        if weak is None:
-            weak = self.__dict__["_weak"] = tuple(
-                i for i, a in enumerate(self.out_avals) if getattr(a, "weak_type", False)
-            )
-        return weak
+    # The outputs JAX types weakly (``int_array * 0.5``), as jax.jit's results are.
+    weak_outputs: tuple[int, ...] = ()
 
     @property
     def single_output(self) -> bool:
@@ -475,6 +467,7 @@ class RemoteFunction:
             donate=donate,
             platform=vs.platform,
             in_specs=in_wire,
+            weak_outputs=tuple(i for i, a in enumerate(exp.out_avals) if a.weak_type),
         )
 
 
