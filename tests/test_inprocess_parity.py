@@ -205,3 +205,9 @@ def test_a_closed_clients_slices_read_released(cluster: pw.InProcessCluster) -> 
     vs.release()  # a no-op, as releasing twice is
     with pytest.raises(pw.ClosedError):
         vs.put(np.ones(2))
+
+
+def test_typed_keys_count_their_bytes_as_jax_does(vs: pw.VirtualSlice) -> None:
+    keys = jax.random.split(jax.random.key(0), 3)
+    put = vs.put(keys)
+    assert (put.nbytes, put.itemsize) == (keys.nbytes, keys.dtype.itemsize) == (24, 8)

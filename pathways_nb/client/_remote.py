@@ -98,11 +98,14 @@ class RemoteArray(Placement):
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize if _is_numpy_dtype(self.dtype) else 0
+        return self.size * self.itemsize
 
     @property
     def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize if _is_numpy_dtype(self.dtype) else 0
+        # A typed PRNG key's dtype (key<fry>) is no NumPy dtype, but it has its size.
+        if _is_numpy_dtype(self.dtype):
+            return np.dtype(self.dtype).itemsize
+        return int(getattr(self.dtype, "itemsize", 0))
 
     @property
     def spec(self) -> Any:
