@@ -24,6 +24,12 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from pathways_nb.client._jit import RemoteFunction, jit
+from pathways_nb.client._pipeline_checks import (
+    check_arguments,
+    check_own_arrays,
+    check_per_stage,
+    row_axes,
+)
 from pathways_nb.client._programs import _moved_spec
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._stages import (
@@ -42,7 +48,6 @@ if TYPE_CHECKING:
     from pathways_nb.client._slice import VirtualSlice
 
 SCHEDULES = ("gpipe", "1f1b")
-REDUCE_GRADS = ("microbatch", "step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +187,7 @@ class Pipeline:
         reduce_grads: str = "microbatch",
         extra_warmup: int = 0,
     ) -> None:
-        _check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
+        check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
         self.stages = list(stages)
         self.slices = list(slices)
         self.microbatches = microbatches
@@ -200,7 +205,7 @@ class Pipeline:
         self._bwd_first: list[RemoteFunction] = []
         self._bwd: list[RemoteFunction] = []
         self._update: list[RemoteFunction] = []
-        axes = _row_axes(batch_spec, reduce_grads)
+        axes = row_axes(batch_spec, reduce_grads)
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
             if remat:
@@ -259,10 +264,10 @@ class Pipeline:
         is kept as it is, one on another slice is moved there (keeping its PartitionSpec
         where the stage's mesh has those axes, replicated otherwise).
         """
-        _check_per_stage(
+        check_per_stage(
             "params", params, len(self.slices), "a list with one parameter tree per stage"
         )
-        _check_own_arrays(params)
+        check_own_arrays(params)
 
         def place(v: Any, vs: VirtualSlice) -> Any:
             if not isinstance(v, RemoteArray):
@@ -278,7 +283,7 @@ class Pipeline:
         states = [f(p) for f, p in zip(self._opt_init, placed, strict=True)]
         return placed, states
 
-    def _split(self, batch: Any, vs: VirtualSlice, what: str) -> list[Any]:
+    def _split(self, batch: Any, vs: VirtualSlice) -> list[Any]:
         """``batch`` (an array or a pytree of them, each leaf one row per example) as
         ``microbatches`` pytrees of the same structure on ``vs``, leaf by leaf."""
         m = self.microbatches
@@ -347,9 +352,9 @@ class Pipeline:
         """
         n = len(self.stages)
         hint = "what step.init(params) returned, or the previous step's new values"
-        _check_per_stage("params", params, n, hint)
-        _check_per_stage("opt_state", opt_state, n, hint)
-        _check_own_arrays(params)
+        check_per_stage("params", params, n, hint)
+        check_per_stage("opt_state", opt_state, n, hint)
+        check_own_arrays(params)
         nx, ny = self._rows(x, "x"), self._rows(y, "y")
         if nx != ny:
             raise ValueError(
@@ -374,8 +379,8 @@ class Pipeline:
         self, params: Sequence[Any], opt_state: Sequence[Any], x: Any, y: Any
     ) -> tuple[list[Any], list[Any], RemoteArray]:
         n = len(self.stages)
-        xs = self._split(x, self.slices[0], "x")
-        ys = self._split(y, self.slices[-1], "y")
+        xs = self._split(x, self.slices[0])
+        ys = self._split(y, self.slices[-1])
         acts: dict[tuple[int, int], Any] = {(0, i): v for i, v in enumerate(xs)}
         # What each backward needs of its forward: its input (remat), or its input,
         # output and the residuals it made.
@@ -470,98 +475,6 @@ class Pipeline:
             "scheduled": scheduled,
             "span_s": t1 - t0,
         }
-
-
-def _check_per_stage(what: str, given: Any, n: int, hint: str) -> None:
-    if not isinstance(given, (list, tuple)) or len(given) != n:
-        got = f"{len(given)} items" if isinstance(given, (list, tuple)) else type(given)
-        raise ValueError(f"{what} must hold one entry per stage ({n}); got {got}. Pass {hint}")
-
-
-def _check_own_arrays(params: Sequence[Any]) -> None:
-    """Refuse one RemoteArray in two places of the parameters: a step donates every
-    stage's parameters when it updates them, so the second use would find it gone."""
-    seen: dict[int, str] = {}
-    for s, tree in enumerate(params):
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-            if not isinstance(leaf, RemoteArray):
-                continue
-            where = f"params[{s}]{jax.tree_util.keystr(path)}"
-            first = seen.setdefault(id(leaf), where)
-            if first != where:
-                raise ValueError(
-                    f"{first} and {where} are one RemoteArray; each stage's update donates "
-                    "its parameters, so every parameter must be an array of its own. Pass a "
-                    "copy (vs.put(x) on the stage's slice, or copy.deepcopy); parameters "
-                    "tied across stages are not shared by a pipeline"
-                )
-
-
-def _check_arguments(
-    stages: Sequence[Any],
-    slices: Sequence[Any],
-    loss_fn: Any,
-    optimizer: Any,
-    microbatches: Any,
-    batch_spec: Any = None,
-    remat: Any = False,
-) -> None:
-    """Refuse what cannot make a pipeline before anything is traced, saying what to pass."""
-    from pathways_nb.client._slice import VirtualSlice
-
-    bad = [i for i, fn in enumerate(stages) if not callable(fn)]
-    if bad:
-        raise TypeError(
-            f"stages are functions stage(params, x) -> activation; stages{bad} "
-            f"{'is' if len(bad) == 1 else 'are'} {[type(stages[i]).__name__ for i in bad]}"
-        )
-    bad = [i for i, vs in enumerate(slices) if not isinstance(vs, VirtualSlice)]
-    if bad:
-        raise TypeError(
-            "slices are VirtualSlices from client.allocate(...), one per stage; "
-            f"slices{bad} {'is' if len(bad) == 1 else 'are'} "
-            f"{[type(slices[i]).__name__ for i in bad]}"
-        )
-    if len(stages) != len(slices):
-        raise ValueError(f"one slice per stage: got {len(stages)} stages and {len(slices)} slices")
-    if not callable(loss_fn):
-        raise TypeError(
-            f"loss_fn is a function loss_fn(output, y) -> scalar; got {type(loss_fn).__name__}"
-        )
-    if not (
-        callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
-    ):
-        raise TypeError(
-            "optimizer is an optax GradientTransformation (init and update), e.g. "
-            f"optax.adam(1e-3); got {optimizer!r}"
-        )
-    if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)):
-        raise TypeError(f"microbatches is a count, an int >= 1; got {microbatches!r}")
-    if batch_spec is not None and not isinstance(batch_spec, PartitionSpec):
-        raise TypeError(
-            "batch_spec is a PartitionSpec over the slices' axes for each microbatch, e.g. "
-            f"PartitionSpec('data'); got {batch_spec!r}"
-        )
-    if not isinstance(remat, bool):
-        raise TypeError(f"remat is True or False; got {remat!r}")
-
-
-def _row_axes(batch_spec: PartitionSpec, reduce_grads: str) -> Any:
-    """The mesh axes each microbatch's rows are split over, when every device keeps its
-    own gradient sum (``reduce_grads="step"``); None when gradients are reduced per
-    microbatch."""
-    if reduce_grads not in REDUCE_GRADS:
-        raise ValueError(f"reduce_grads must be one of {REDUCE_GRADS}; got {reduce_grads!r}")
-    if reduce_grads == "microbatch":
-        return None
-    axes = batch_spec[0] if len(batch_spec) else None
-    if axes is None or any(a is not None for a in batch_spec[1:]):
-        raise ValueError(
-            "reduce_grads='step' splits each microbatch's rows over the slices' devices "
-            f"and nothing else; batch_spec must name mesh axes for dimension 0 only, "
-            f"e.g. PartitionSpec('data'); got {batch_spec}"
-        )
-    return axes
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
