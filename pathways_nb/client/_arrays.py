@@ -340,8 +340,7 @@ def _weak_if_scalar(value: Any, out: RemoteArray) -> RemoteArray:
     """A Python number is typed weakly, as jax.device_put and jax.jit type one: it takes
     the dtype of the arrays it meets (``x_f16 * 2.0`` stays float16)."""
     if type(value) in (int, float, complex):
-        out.weak_type = True
-        out._sig = (*out._sig, "weak")
+        out._mark_weak()
     return out
 
 

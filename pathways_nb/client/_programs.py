@@ -279,8 +279,7 @@ class ProgramCalls:
             for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
         ]
         for i in prog.weak_outputs:
-            results[i].weak_type = True
-            results[i]._sig = (*results[i]._sig, "weak")
+            results[i]._mark_weak()
         if prog.single_output:
             return results[0]
         return jax.tree.unflatten(prog.out_tree, results)

@@ -82,10 +82,14 @@ class RemoteArray(Placement):
         # The value being fetched in the background (copy_to_host_async), or fetched.
         self._host: Future[Any] | None = None
         # A Python scalar passed to a program: typed as jax.jit types one (weakly), so
-        # `x_f16 * 2.0` stays float16. Set by the client right after it puts the value.
+        # `x_f16 * 2.0` stays float16. Set by the client right after it makes the array.
         self.weak_type = False
         # What pw.jit's program cache keys on; computed once.
         self._sig: tuple[Any, ...] = (self.shape, dtype, sharding.spec)
+
+    def _mark_weak(self) -> None:
+        self.weak_type = True
+        self._sig = (*self._sig, "weak")  # a weak argument traces a program of its own
 
     # metadata -------------------------------------------------------------------------
     @property
