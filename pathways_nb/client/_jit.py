@@ -15,6 +15,7 @@ from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError, encode_spec
+from pathways_nb.client._argnums import argnums_and_names
 from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
@@ -66,20 +67,6 @@ def _spec_of(sharding: Any) -> PartitionSpec | None:
     )
 
 
-def _norm_argnums(x: int | Sequence[int] | None, what: str = "argnums") -> tuple[int, ...]:
-    if x is None:
-        return ()
-    items = (x,) if isinstance(x, int | np.integer) else x
-    if isinstance(items, str) or not all(
-        isinstance(i, int | np.integer) and not isinstance(i, bool) for i in items
-    ):
-        raise TypeError(
-            f"{what} takes argument positions (an int or a sequence of ints); got {x!r}"
-            + (f" (for parameter names, use {what[:-4]}names)" if isinstance(x, str) else "")
-        )
-    return tuple(int(i) for i in items)
-
-
 class RemoteFunction:
     """What ``pw.jit`` returns: call it with RemoteArrays; it returns RemoteArrays at once."""
 
@@ -108,11 +95,11 @@ class RemoteFunction:
             self._signature: inspect.Signature | None = inspect.signature(fun)
         except (TypeError, ValueError):
             self._signature = None
-        self.static_argnums, self.static_argnames = self._argnums_and_names(
-            static_argnums, static_argnames, "static"
+        self.static_argnums, self.static_argnames = argnums_and_names(
+            self._signature, self.name, static_argnums, static_argnames, "static"
         )
-        self.donate_argnums, self.donate_argnames = self._argnums_and_names(
-            donate_argnums, donate_argnames, "donate"
+        self.donate_argnums, self.donate_argnames = argnums_and_names(
+            self._signature, self.name, donate_argnums, donate_argnames, "donate"
         )
         self.donates = bool(self.donate_argnums or self.donate_argnames)
         overlap = set(self.static_argnums) & set(self.donate_argnums)
@@ -128,47 +115,6 @@ class RemoteFunction:
         self.slice = slice
         self._programs: dict[Any, Program] = {}
         functools.update_wrapper(self, fun)
-
-    def _argnums_and_names(
-        self, argnums: int | Sequence[int] | None, argnames: str | Sequence[str] | None, what: str
-    ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The static or donated (``what``) positions and names. As in jax.jit, either one
-        given alone implies the other through the function's signature, so an argument
-        is static (or donated) whether it is passed by position or by keyword."""
-        nums = _norm_argnums(argnums, f"{what}_argnums")
-        names = (argnames,) if isinstance(argnames, str) else tuple(argnames or ())
-        params = list(self._signature.parameters.values()) if self._signature else []
-        positional = [
-            p.name
-            for p in params
-            if p.kind
-            in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        ]
-        takes_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
-        takes_args = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
-        if nums and self._signature is not None and not takes_args:
-            # As jax.jit: positions are checked against the signature, and a negative
-            # one counts from the end of its positional parameters.
-            beyond = [i for i in nums if not -len(positional) <= i < len(positional)]
-            if beyond:
-                raise ValueError(
-                    f"{what}_argnums={nums} names position {beyond[0]}, but {self.name} takes "
-                    f"{len(positional)} positional arguments ({', '.join(positional)})"
-                )
-            nums = tuple(i % len(positional) for i in nums)
-        if names and self._signature is not None and not takes_kwargs:
-            known = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise ValueError(
-                    f"{what}_argnames names {unknown[0]!r}, which {self.name} does not take "
-                    f"by keyword; its parameters are ({', '.join(p.name for p in params)})"
-                )
-        if names and argnums is None:
-            nums = tuple(i for i, n in enumerate(positional) if n in names)
-        if nums and argnames is None:
-            names = tuple(positional[i] for i in nums if i < len(positional))
-        return nums, names
 
     def __repr__(self) -> str:
         return f"<pw.jit {self.name} ({len(self._programs)} programs)>"
