@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import operator
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
@@ -432,71 +431,14 @@ class RemoteArray(Placement):
             shape = tuple(shape[0])
         return self._client._method(self, "reshape", None, (tuple(shape),), kwargs)
 
-    def __eq__(self, other: Any) -> Any:
-        if not _operand(other):
-            return _not_comparable(self, other)
-        return self._client._op("eq", operator.eq, self, other)
-
-    def __ne__(self, other: Any) -> Any:
-        if not _operand(other):
-            return _not_comparable(self, other)
-        return self._client._op("ne", operator.ne, self, other)
-
-    # Elementwise ==, as on a jax.Array; the handle itself is what identifies the array.
+    # ==, != and the other operators are elementwise, as on a jax.Array (installed by
+    # client/_operators.py); the handle itself is what identifies the array.
     __hash__ = object.__hash__
 
-
-def _method(name: str) -> Callable[..., Any]:
-    def method(self: RemoteArray, *args: Any, **kwargs: Any) -> Any:
-        return self._client._method(self, name, None, args, kwargs)
-
-    method.__name__ = name
-    method.__doc__ = f"``jax.Array.{name}``, run as a small program on the array's slice."
-    return method
-
-
-# jax.Array methods that make arrays from arrays: each runs as a small program on the
-# array's slice, with its other arguments fixed in the program (RemoteArrays travel).
-METHODS = (
-    "all",
-    "any",
-    "argmax",
-    "argmin",
-    "argpartition",
-    "argsort",
-    "byteswap",
-    "choose",
-    "clip",
-    "conj",
-    "conjugate",
-    "copy",
-    "cumprod",
-    "cumsum",
-    "diagonal",
-    "dot",
-    "flatten",
-    "max",
-    "mean",
-    "min",
-    "prod",
-    "ptp",
-    "ravel",
-    "repeat",
-    "round",
-    "searchsorted",
-    "sort",
-    "squeeze",
-    "std",
-    "sum",
-    "swapaxes",
-    "take",
-    "trace",
-    "transpose",
-    "var",
-    "view",
-)
-for _m in METHODS:
-    setattr(RemoteArray, _m, _method(_m))
+    if TYPE_CHECKING:
+        # What type checkers see of the installed == and !=: arrays, not bools.
+        def __eq__(self, other: object) -> Any: ...
+        def __ne__(self, other: object) -> Any: ...
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -515,94 +457,7 @@ def _rows(x: Any) -> tuple[Any, ...]:
     return tuple(x[i] for i in range(x.shape[0]))
 
 
-def _operand(other: Any) -> bool:
-    """Whether a jax.Array's operator takes ``other``: arrays and numbers; for anything
-    else (a list, a string, None) it returns NotImplemented, and so does a RemoteArray."""
-    if isinstance(other, RemoteArray | int | float | complex | np.ndarray | np.generic):
-        return True
-    import jax
+# Last: the operator module installs its methods on the class defined above.
+from pathways_nb.client import _operators  # noqa: E402
 
-    return isinstance(other, jax.Array)
-
-
-def _not_comparable(x: RemoteArray, other: Any) -> Any:
-    """``x == other`` for what no program takes, as a jax.Array answers it: a container
-    is refused (not silently unequal); anything else is compared by identity."""
-    if type(other) in (dict, list, set, tuple):
-        raise TypeError(
-            f"unsupported operand type(s) for ==: {type(x).__name__!r} and {type(other).__name__!r}"
-        )
-    return NotImplemented
-
-
-def _concrete_int(v: Any) -> bool:
-    """Whether ``v`` is a 0-d integer NumPy value or jax.Array (a RemoteArray's value
-    is on its slice, so it is not)."""
-    import jax
-
-    if isinstance(v, RemoteArray) or not isinstance(v, np.generic | np.ndarray | jax.Array):
-        return False
-    return np.ndim(v) == 0 and np.dtype(v.dtype).kind in "iu"
-
-
-def _binary(op: Callable[[Any, Any], Any], name: str, reflected: bool) -> Callable[..., Any]:
-    def method(self: RemoteArray, other: Any) -> Any:
-        if not _operand(other):
-            return NotImplemented
-
-        def fn(a: Any, b: Any) -> Any:
-            return op(b, a) if reflected else op(a, b)
-
-        if name == "pow" and not reflected and _concrete_int(other):
-            # jnp.power raises to a concrete integer exponent by repeated multiplication,
-            # keeping the base's dtype (int8 ** np.int64(5) is int8): the exponent is
-            # fixed in the program, as a Python int is.
-            other = int(other)
-        key = f"{'r' if reflected else ''}{name}"
-        return self._client._op(key, fn, self, other)
-
-    method.__name__ = f"__{'r' if reflected else ''}{name}__"
-    return method
-
-
-def _unary(op: Callable[[Any], Any], name: str) -> Callable[..., Any]:
-    def method(self: RemoteArray) -> Any:
-        return self._client._op(name, op, self)
-
-    method.__name__ = f"__{name}__"
-    return method
-
-
-for _name, _op in {
-    "add": operator.add,
-    "sub": operator.sub,
-    "mul": operator.mul,
-    "truediv": operator.truediv,
-    "floordiv": operator.floordiv,
-    "mod": operator.mod,
-    "pow": operator.pow,
-    "matmul": operator.matmul,
-    "and": operator.and_,
-    "or": operator.or_,
-    "xor": operator.xor,
-    "lshift": operator.lshift,
-    "rshift": operator.rshift,
-    "divmod": divmod,  # two arrays, as jax.Array's
-}.items():
-    setattr(RemoteArray, f"__{_name}__", _binary(_op, _name, False))
-    setattr(RemoteArray, f"__r{_name}__", _binary(_op, _name, True))
-for _name, _op in {
-    "lt": operator.lt,
-    "le": operator.le,
-    "gt": operator.gt,
-    "ge": operator.ge,
-}.items():
-    setattr(RemoteArray, f"__{_name}__", _binary(_op, _name, False))
-_UNARY: dict[str, Callable[[Any], Any]] = {
-    "neg": operator.neg,
-    "pos": operator.pos,
-    "abs": operator.abs,
-    "invert": operator.invert,
-}
-for _name, _fn in _UNARY.items():
-    setattr(RemoteArray, f"__{_name}__", _unary(_fn, _name))
+_operators.install(RemoteArray)
