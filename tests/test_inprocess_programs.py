@@ -408,6 +408,16 @@ def test_shardings_naming_other_axes_and_remote_static_arguments_are_named(
         pw.jit(scale, in_shardings=P("y"))(x)
     with pytest.raises(ValueError, match=r"scale: out_shardings: .*axis 'data'.*has axes \['x'\]"):
         pw.jit(scale, out_shardings=(P("data"),))(x)
+    # An in_sharding that does not split its argument evenly is refused, as jax.jit does.
+    odd = np.arange(6, dtype=np.float32).reshape(3, 2)
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    with pytest.raises(ValueError):
+        jax.jit(scale, in_shardings=jax.sharding.NamedSharding(mesh, P("x")))(odd)
+    with pytest.raises(ValueError, match=r"scale: in_shardings for input 0 \(float32\[3, 2\]\): "):
+        pw.jit(scale, in_shardings=P("x"))(vs.put(odd, P()))
+    np.testing.assert_array_equal(
+        np.asarray(pw.jit(scale, in_shardings=P(None, "x"))(odd)), odd * 2
+    )
     # Hashable, so it would pass as a static value and fail inside the trace instead.
     with pytest.raises(TypeError, match="a RemoteArray cannot be a static argument"):
         pw.jit(scale, static_argnames="k")(x, k=x)

@@ -328,6 +328,17 @@ class RemoteFunction:
                         vs.check_axes(spec)
                     except ValueError as exc:
                         raise ValueError(f"{self.name}: {what}: {exc}") from None
+        for i, spec in enumerate(in_specs):
+            # jax.jit refuses an in_sharding that does not split its argument evenly; the
+            # resharding below would pad it instead, so refuse it here as JAX does.
+            if isinstance(spec, PartitionSpec) and avals[i].ndim:
+                try:
+                    vs.check_spec(spec, avals[i].shape)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"{self.name}: in_shardings for input {i} ({_aval_text(avals[i])}): "
+                        f"{exc}; pad the array to a multiple, or shard another dimension"
+                    ) from None
 
         def flat(*leaves: Any) -> list[Any]:
             xs = list(leaves)
