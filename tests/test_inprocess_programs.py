@@ -423,6 +423,11 @@ def test_shardings_naming_other_axes_and_remote_static_arguments_are_named(
         pw.jit(scale, static_argnames="k")(x, k=x)
     with pytest.raises(TypeError, match="a RemoteArray cannot be a static argument"):
         pw.jit(scale, static_argnums=1)(x, x)
+    # An unhashable static argument is a ValueError, as in jax.jit.
+    with pytest.raises(ValueError):
+        jax.jit(scale, static_argnums=1)(np.ones(4, np.float32), [2.0])
+    with pytest.raises(ValueError, match=r"scale: static arguments must be hashable.*list \[2.0\]"):
+        pw.jit(scale, static_argnums=1)(x, [2.0])
     vs.release()
 
 
@@ -603,6 +608,12 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     assert float(v[1, 2]) in x[1]
     with pytest.raises(ValueError, match="search array must be one-dimensional"):
         _ = 1.0 in x
+    # What jax.Array refuses with a TypeError, a RemoteArray refuses alike.
+    for bad in ([1.0], None, "a"):
+        with pytest.raises(TypeError):
+            _ = bad in j[1]
+        with pytest.raises(TypeError, match="takes an array or a scalar"):
+            _ = bad in x[1]
     with pytest.raises(TypeError, match=r"immutable.*x.at\[idx\].set\(y\)"):
         x[0, 0] = 1.0
     rows = list(x)

@@ -216,8 +216,11 @@ class RemoteFunction:
             try:
                 hash(v)
             except TypeError:
-                raise TypeError(
-                    f"{self.name}: static arguments must be hashable; got {type(v).__name__}"
+                # ValueError, as jax.jit raises for an unhashable static argument.
+                raise ValueError(
+                    f"{self.name}: static arguments must be hashable (they key the program "
+                    f"cache); got {type(v).__name__} {v!r}. Pass a tuple for a list, or make "
+                    "it an ordinary argument"
                 ) from None
         dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}

@@ -243,8 +243,15 @@ class RemoteArray(Placement):
     def __contains__(self, value: Any) -> bool:
         """``value in x`` for a 1-d array and a scalar, as for a ``jax.Array`` (one small
         program and a fetch of its answer)."""
-        if value is None or isinstance(value, str):
-            raise TypeError(f"RemoteArray.__contains__: unsupported operand type {type(value)}")
+        import jax
+
+        if not isinstance(
+            value, RemoteArray | bool | int | float | complex | np.ndarray | np.generic | jax.Array
+        ):
+            raise TypeError(
+                f"RemoteArray.__contains__ takes an array or a scalar, as jax.Array's does; "
+                f"got {type(value).__name__} {value!r}"
+            )
         if self.ndim != 1:
             raise ValueError(
                 f"RemoteArray.__contains__: search array must be one-dimensional, got shape "
