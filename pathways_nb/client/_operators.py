@@ -122,7 +122,7 @@ def _binary(
     key = f"{'r' if reflected else ''}{name}"
 
     def method(self: RemoteArray, other: Any) -> Any:
-        if not _operand(cls, other):
+        if not is_operand(cls, other):
             return NotImplemented
 
         def fn(a: Any, b: Any) -> Any:
@@ -143,7 +143,7 @@ def _equality(
     cls: type[RemoteArray], op: Callable[[Any, Any], Any], name: str
 ) -> Callable[..., Any]:
     def method(self: RemoteArray, other: Any) -> Any:
-        if not _operand(cls, other):
+        if not is_operand(cls, other):
             return _not_comparable(self, other)
         return self._client._op(name, op, self, other)
 
@@ -159,7 +159,7 @@ def _unary(op: Callable[[Any], Any], name: str) -> Callable[..., Any]:
     return method
 
 
-def _operand(cls: type[RemoteArray], other: Any) -> bool:
+def is_operand(cls: type[RemoteArray], other: Any) -> bool:
     """Whether a jax.Array's operator takes ``other``: arrays and numbers; for anything
     else (a list, a string, None) it returns NotImplemented, and so does a RemoteArray."""
     if isinstance(other, cls | int | float | complex | np.ndarray | np.generic):

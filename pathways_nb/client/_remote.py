@@ -243,11 +243,7 @@ class RemoteArray(Placement):
     def __contains__(self, value: Any) -> bool:
         """``value in x`` for a 1-d array and a scalar, as for a ``jax.Array`` (one small
         program and a fetch of its answer)."""
-        import jax
-
-        if not isinstance(
-            value, RemoteArray | bool | int | float | complex | np.ndarray | np.generic | jax.Array
-        ):
+        if not _operators.is_operand(RemoteArray, value):
             raise TypeError(
                 f"RemoteArray.__contains__ takes an array or a scalar, as jax.Array's does; "
                 f"got {type(value).__name__} {value!r}"
