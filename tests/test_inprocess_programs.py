@@ -583,6 +583,7 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "clone": lambda t: t.clone(),
         "compress(mask, axis=0)": lambda t: t.compress(np.array([True, False, True]), axis=0),
         "compress(mask)": lambda t: t.compress(v.ravel() > 0),
+        "compress(mask, axis=-1)": lambda t: t.compress(np.array([True, False, True]), axis=-1),
         "[:, 0].astype(int32).choose(clip)": lambda t: (
             (t[:, 0] > 0).astype(jnp.int32).choose([np.arange(4.0), -np.arange(4.0)], mode="clip")
         ),
@@ -608,6 +609,11 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     assert float(v[1, 2]) in x[1]
     with pytest.raises(ValueError, match="search array must be one-dimensional"):
         _ = 1.0 in x
+    for t, u, axis in ((x, j, 2), (x, j, -3), (x.sum(), j.sum(), 0)):
+        with pytest.raises(ValueError):
+            u.compress(np.array([True]), axis=axis)
+        with pytest.raises(ValueError, match=f"compress: axis {axis} is out of bounds"):
+            t.compress(np.array([True]), axis=axis)
     # What jax.Array refuses with a TypeError, a RemoteArray refuses alike.
     for bad in ([1.0], None, "a"):
         with pytest.raises(TypeError):

@@ -282,6 +282,10 @@ class RemoteArray(Placement):
         cond = np.asarray(cond).astype(bool)
         if cond.ndim != 1:
             raise ValueError(f"compress: condition must be one-dimensional; got shape {cond.shape}")
+        if axis is not None and not -self.ndim <= axis < self.ndim:
+            raise ValueError(
+                f"compress: axis {axis} is out of bounds for an array of dimension {self.ndim}"
+            )
         arr: Any = self.ravel() if axis is None else self  # type: ignore[attr-defined]
         axis = 0 if axis is None else axis
         n = arr.shape[axis]
