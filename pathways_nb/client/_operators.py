@@ -121,13 +121,12 @@ def _binary(
 ) -> Callable[..., Any]:
     key = f"{'r' if reflected else ''}{name}"
 
+    def fn(a: Any, b: Any) -> Any:
+        return op(b, a) if reflected else op(a, b)
+
     def method(self: RemoteArray, other: Any) -> Any:
         if not is_operand(cls, other):
             return NotImplemented
-
-        def fn(a: Any, b: Any) -> Any:
-            return op(b, a) if reflected else op(a, b)
-
         if name == "pow" and not reflected and _concrete_int(other):
             # jnp.power raises to a concrete integer exponent by repeated multiplication,
             # keeping the base's dtype (int8 ** np.int64(5) is int8): the exponent is
