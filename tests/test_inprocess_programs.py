@@ -587,6 +587,10 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         "[:, 0].astype(int32).choose(clip)": lambda t: (
             (t[:, 0] > 0).astype(jnp.int32).choose([np.arange(4.0), -np.arange(4.0)], mode="clip")
         ),
+        # Arrays inside a sequence argument are the program's inputs, as the array is.
+        "[:, 0].astype(int32).choose([t[:, 1], t[:, 2]])": lambda t: (
+            (t[:, 0] > 0).astype(jnp.int32).choose([t[:, 1], t[:, 2]], mode="clip")
+        ),
     }
     for name, fn in cases.items():
         got, want = fn(x), fn(j)
@@ -645,6 +649,15 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype, name
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, err_msg=name)
+    # DLPack, as from a jax.Array on a CPU device: the fetched value, read-only where the
+    # consumer can be told so and copied where it cannot (DLPack before 1.0).
+    assert x.__dlpack_device__() == tuple(int(d) for d in j.__dlpack_device__())
+    np.testing.assert_array_equal(np.from_dlpack(x), np.from_dlpack(j))
+    assert not np.from_dlpack(x).flags.writeable
+    assert np.from_dlpack(x, copy=True).flags.writeable
+    np.testing.assert_array_equal(np.from_dlpack(_LegacyDLPack(x)), v)
+    with pytest.raises(BufferError, match="no DLPack form"):
+        np.from_dlpack(vs.put(jax.random.key(0)))
     assert x in {x} and x is not x.T  # hashed by identity, as the handle it is
     with pytest.raises(TypeError, match="index takes"):
         x[{"a": 1}]
@@ -679,6 +692,19 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
     gone = x + 1
     gone.delete()
     assert "deleted" in str(gone)
+
+
+class _LegacyDLPack:
+    """A producer seen by a consumer of DLPack before 1.0, which passes no max_version."""
+
+    def __init__(self, x: pw.RemoteArray) -> None:
+        self._x = x
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._x.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._x.__dlpack_device__()
 
 
 def test_devices_and_shards_are_those_of_the_same_jax_array(client: pw.Client) -> None:

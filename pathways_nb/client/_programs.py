@@ -365,23 +365,34 @@ class ProgramCalls:
             ):
                 arrays.append(v)
                 return Dynamic(len(arrays) - 1)
+            if type(v) in (list, tuple):  # a sequence of arrays, as choose's choices
+                return type(v)(place(e) for e in v)
             return v
+
+        def shown_key(v: Any) -> str:
+            if isinstance(v, Dynamic):
+                return f"arg{v.position}"
+            if type(v) in (list, tuple):  # as static_key writes them
+                inner = ",".join(shown_key(e) for e in v)
+                return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+            return static_key(v)
 
         fixed_args = [place(a) for a in args]
         fixed_kwargs = {k: place(v) for k, v in kwargs.items()}
         try:
-            shown = [
-                f"arg{a.position}" if isinstance(a, Dynamic) else static_key(a) for a in fixed_args
-            ] + [
-                f"{k}={f'arg{v.position}' if isinstance(v, Dynamic) else static_key(v)}"
-                for k, v in sorted(fixed_kwargs.items())
+            shown = [shown_key(a) for a in fixed_args] + [
+                f"{k}={shown_key(v)}" for k, v in sorted(fixed_kwargs.items())
             ]
         except TypeError as exc:
             raise TypeError(f"RemoteArray.{name}: {exc}") from None
 
         def fn(a: Any, *dyn: Any) -> Any:
             def fill(v: Any) -> Any:
-                return dyn[v.position] if isinstance(v, Dynamic) else v
+                if isinstance(v, Dynamic):
+                    return dyn[v.position]
+                if type(v) in (list, tuple):
+                    return type(v)(fill(e) for e in v)
+                return v
 
             full = [fill(v) for v in fixed_args]
             named = {k: fill(v) for k, v in fixed_kwargs.items()}

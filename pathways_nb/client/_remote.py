@@ -227,6 +227,41 @@ class RemoteArray(Placement):
             return out.astype(dtype)
         return out.copy() if copy else out
 
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: Any = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """The value through the DLPack protocol (``np.from_dlpack(x)``,
+        ``torch.from_dlpack(x)``), as a ``jax.Array`` on a CPU device gives it: it is
+        fetched, and exported from this process's memory."""
+        value = self.fetch()
+        if not isinstance(value, np.ndarray):
+            raise BufferError(
+                f"RemoteArray.__dlpack__: a {self.dtype} array has no DLPack form, as a "
+                "jax.Array of keys has none; export its key data instead: "
+                "pw.jit(jax.random.key_data)(x)"
+            )
+        if not value.flags.writeable and (max_version is None or max_version < (1, 0)):
+            # DLPack before 1.0 cannot mark a tensor read-only, and NumPy refuses to
+            # export one that way: a consumer speaking it gets a copy of its own.
+            if copy is False:
+                raise BufferError(
+                    "RemoteArray.__dlpack__: the fetched value is read-only and a consumer "
+                    "of DLPack before 1.0 cannot be told so; call it with copy=None or True"
+                )
+            value = value.copy()
+        return value.__dlpack__(
+            stream=stream, max_version=max_version, dl_device=dl_device, copy=copy
+        )
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(kDLCPU, 0)``: a fetched value is in this process's memory."""
+        return (1, 0)
+
     def item(self) -> Any:
         return np.asarray(self).item()
 
