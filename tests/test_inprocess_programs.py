@@ -619,6 +619,10 @@ def test_remote_arrays_answer_what_jax_arrays_do(client: pw.Client) -> None:
         with pytest.raises(ValueError, match=f"compress: axis {axis} is out of bounds"):
             t.compress(np.array([True]), axis=axis)
     # What jax.Array refuses with a TypeError, a RemoteArray refuses alike.
+    with pytest.raises(TypeError):
+        j.compress([True, False, True], axis=0)
+    with pytest.raises(TypeError, match=r"condition must be an array.*np.asarray\(condition\)"):
+        x.compress([True, False, True], axis=0)
     for bad in ([1.0], None, "a"):
         with pytest.raises(TypeError):
             _ = bad in j[1]

@@ -313,6 +313,11 @@ class RemoteArray(Placement):
     def compress(self, condition: Any, axis: int | None = None) -> RemoteArray:
         """The entries (or slices along ``axis``) where ``condition`` is true, as
         ``jax.Array.compress`` with a concrete condition (a RemoteArray one is read)."""
+        if not _operators.is_operand(RemoteArray, condition):
+            raise TypeError(
+                f"compress: the condition must be an array or a scalar, as jax.Array.compress "
+                f"takes it; got {type(condition).__name__}: pass np.asarray(condition)"
+            )
         cond = condition.fetch() if isinstance(condition, RemoteArray) else condition
         cond = np.asarray(cond).astype(bool)
         if cond.ndim != 1:
