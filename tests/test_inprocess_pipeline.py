@@ -164,6 +164,58 @@ def test_gradients_summed_per_device_and_reduced_once_per_step_train_like_plain_
     assert all(p["w"].sharding.spec == PartitionSpec() for p in params)
 
 
+@pytest.mark.parametrize(
+    ("schedule", "reduce_grads", "opt"),
+    [("1f1b", "microbatch", optax.adam(1e-2)), ("gpipe", "step", optax.sgd(0.5))],
+)
+def test_clipping_to_the_global_norm_of_all_stages_trains_like_plain_jax(
+    slices: list[pw.VirtualSlice], schedule: str, reduce_grads: str, opt: Any
+) -> None:
+    """clip_grad_norm clips the gradients of all stages together, as
+    optax.clip_by_global_norm clips one model's; the norm here is small enough that
+    every step clips (per-stage clipping, or none, gives other losses)."""
+    x, y = _batch()
+    step = pw.pipeline(
+        [layer, layer, layer, head],
+        slices,
+        mse,
+        opt,
+        microbatches=4,
+        schedule=schedule,
+        batch_spec=PartitionSpec("data"),
+        reduce_grads=reduce_grads,
+        clip_grad_norm=0.05,
+    )
+    assert "clip_grad_norm=0.05" in repr(step)
+    _, got = _train(step, x, y, 4)
+    clipped = optax.chain(optax.clip_by_global_norm(0.05), opt)
+    want = _reference(_params(SIZES), x, y, 4, clipped)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+    unclipped = _reference(_params(SIZES), x, y, 4, opt)
+    assert not np.allclose(want, unclipped, rtol=1e-3)
+
+
+def test_an_optimizer_that_needs_every_stages_gradients_is_refused(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    stages = [layer, layer, layer, head]
+    for opt in (
+        optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+        optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)), 2),
+        optax.multi_transform(
+            {"a": optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)), "b": optax.sgd(1)},
+            {"w": "a", "b": "b"},
+        ),
+    ):
+        with pytest.raises(ValueError, match=r"optax.clip_by_global_norm.*clip_grad_norm=\.\.\."):
+            pw.pipeline(stages, slices, mse, opt)
+    for bad, err in ((0.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+        with pytest.raises(err, match="clip_grad_norm"):
+            pw.pipeline(stages, slices, mse, optax.sgd(0.1), clip_grad_norm=bad)  # type: ignore[arg-type]
+    # Transformations that work leaf by leaf, and wrappers around them, are taken.
+    pw.pipeline(stages, slices, mse, optax.chain(optax.clip(1.0), optax.adamw(1e-3)))
+
+
 def test_reduce_grads_errors_say_what_to_pass(slices: list[pw.VirtualSlice]) -> None:
     stages = [layer, layer, layer, head]
     opt = optax.sgd(0.1)

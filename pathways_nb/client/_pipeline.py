@@ -26,6 +26,8 @@ from jax.sharding import PartitionSpec
 from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._pipeline_checks import (
     check_arguments,
+    check_clip,
+    check_optimizer,
     check_own_arrays,
     check_per_stage,
     row_axes,
@@ -38,6 +40,7 @@ from pathways_nb.client._stages import (
     last,
     per_device,
     reduce_then,
+    squared_norm,
     update,
     with_residuals,
 )
@@ -186,8 +189,11 @@ class Pipeline:
         remat: bool = False,
         reduce_grads: str = "microbatch",
         extra_warmup: int = 0,
+        clip_grad_norm: float | None = None,
     ) -> None:
         check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
+        clip_grad_norm = check_clip(clip_grad_norm)
+        check_optimizer(optimizer)
         self.stages = list(stages)
         self.slices = list(slices)
         self.microbatches = microbatches
@@ -197,6 +203,7 @@ class Pipeline:
         self.reduce_grads = reduce_grads
         self.optimizer = optimizer
         self.extra_warmup = extra_warmup
+        self.clip_grad_norm = clip_grad_norm
         self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)
         self.order = submission_order(self._orders)
         n = len(stages)
@@ -205,6 +212,7 @@ class Pipeline:
         self._bwd_first: list[RemoteFunction] = []
         self._bwd: list[RemoteFunction] = []
         self._update: list[RemoteFunction] = []
+        self._norms: list[RemoteFunction] = []
         axes = row_axes(batch_spec, reduce_grads)
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
@@ -218,11 +226,14 @@ class Pipeline:
                 forward = with_residuals(fn)
                 first, acc = backward_from_residuals(fn, s == 0)
                 donate = 5
-            apply = update(optimizer)
+            apply = update(optimizer, clip_grad_norm)
+            norm = squared_norm()
             if axes is not None:
                 mesh = vs.abstract_mesh
                 forward, first, acc = per_device(forward, first, acc, remat, s == 0, mesh, axes)
                 apply = reduce_then(apply, mesh)
+                norm = squared_norm(mesh)
+            self._norms.append(jit(norm, slice=vs, name=f"{name}.grad_norm"))
             self._fwd.append(jit(forward, slice=vs, name=f"{name}.fwd"))
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
             self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
@@ -247,6 +258,7 @@ class Pipeline:
                 ("remat", self.remat, False),
                 ("reduce_grads", self.reduce_grads, "microbatch"),
                 ("extra_warmup", self.extra_warmup, 0),
+                ("clip_grad_norm", self.clip_grad_norm, None),
             )
             if v != default
         )
@@ -418,9 +430,13 @@ class Pipeline:
                     acc[s], grads_in[(s - 1, i)] = out
                 else:
                     acc[s] = out
+        # Clipping to the global norm needs every stage's share of it: each update takes
+        # all of them (scalars, moved host to host), so no update starts before the
+        # last backward has run.
+        norms = [self._norms[s](acc[s]) for s in range(n)] if self.clip_grad_norm else []
         new_params, new_states = [], []
         for s in range(n):
-            p, st = self._update[s](params[s], opt_state[s], acc[s])
+            p, st = self._update[s](params[s], opt_state[s], acc[s], *norms)
             new_params.append(p)
             new_states.append(st)
         return new_params, new_states, loss
@@ -498,6 +514,7 @@ def pipeline(
     remat: bool = False,
     reduce_grads: str = "microbatch",
     extra_warmup: int = 0,
+    clip_grad_norm: float | None = None,
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -529,6 +546,13 @@ def pipeline(
     microbatch's activations on the stage. The ideal bubble, with hops that take no
     time, is the same; when a hop costs a noticeable part of a stage's program (small
     programs, busy hosts), 1 recovers much of what the hops add to each step.
+
+    The optimizer runs on each stage's slice, on that stage's parameters and gradients.
+    A transformation that looks across the whole gradient tree would see one stage's
+    share of it, so ``optax.clip_by_global_norm`` is refused: ``clip_grad_norm`` clips
+    the gradients of all stages together to that global norm before the optimizer, as
+    ``optax.chain(optax.clip_by_global_norm(c), optimizer)`` does for one model (each
+    stage's squared norm, a scalar, goes to the others, host to host).
     """
     return Pipeline(
         stages,
@@ -541,4 +565,5 @@ def pipeline(
         remat,
         reduce_grads,
         extra_warmup,
+        clip_grad_norm,
     )

@@ -3,6 +3,7 @@ traced or sent, each with what to pass instead."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,6 +88,84 @@ def check_arguments(
         )
     if not isinstance(remat, bool):
         raise TypeError(f"remat is True or False; got {remat!r}")
+
+
+def check_clip(clip_grad_norm: Any) -> float | None:
+    """``clip_grad_norm`` as a float, or None; refuse anything but a positive number."""
+    if clip_grad_norm is None:
+        return None
+    if isinstance(clip_grad_norm, bool) or not isinstance(
+        clip_grad_norm, int | float | np.integer | np.floating
+    ):
+        raise TypeError(
+            f"clip_grad_norm is the global gradient norm to clip to, a number > 0 (or None); "
+            f"got {clip_grad_norm!r}"
+        )
+    value = float(clip_grad_norm)
+    if not (value > 0 and np.isfinite(value)):
+        raise ValueError(
+            f"clip_grad_norm must be a finite number > 0 (or None not to clip); got {value}"
+        )
+    return value
+
+
+# optax transformations that reduce over the whole gradient tree: in a pipeline they
+# would see one stage's gradients, and train differently from the same model in one
+# program without saying so.
+_WHOLE_TREE = {
+    "clip_by_global_norm": (
+        "clips by the norm of the gradients it is given, and each stage's optimizer is "
+        "given that stage's alone; pass clip_grad_norm=... to pw.pipeline instead (the "
+        "norm of all stages' gradients) and leave it out of the optimizer"
+    ),
+}
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """Refuse an optimizer built with a transformation that needs every stage's
+    gradients at once (``optax.clip_by_global_norm``), naming what to use instead."""
+    for name in _transformations(optimizer.update):
+        if name in _WHOLE_TREE:
+            raise ValueError(
+                f"the pipeline's optimizer contains optax.{name}, which {_WHOLE_TREE[name]}"
+            )
+
+
+def _transformations(fn: Any) -> set[str]:
+    """The names of the optax transformations whose update functions ``fn`` is built
+    from: optax.chain, inject_hyperparams, MultiSteps and the other wrappers keep them
+    in closures and attributes, which are followed (to a bounded depth)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(fn, 0)]
+    while todo:
+        obj, depth = todo.pop()
+        if id(obj) in seen or depth > 12:
+            continue
+        seen.add(id(obj))
+        if inspect.ismethod(obj):
+            todo.append((obj.__func__, depth + 1))
+            todo.append((obj.__self__, depth + 1))
+        elif inspect.isfunction(obj):
+            if obj.__module__.startswith("optax") and "." in obj.__qualname__:
+                found.add(obj.__qualname__.split(".", 1)[0])
+            cells = obj.__closure__ or ()
+            todo.extend((c.cell_contents, depth + 1) for c in cells if _filled(c))
+        elif isinstance(obj, tuple | list):
+            todo.extend((v, depth + 1) for v in obj)
+        elif isinstance(obj, dict):  # multi_transform's transformations by label
+            todo.extend((v, depth + 1) for v in obj.values())
+        elif type(obj).__module__.startswith("optax") and hasattr(obj, "__dict__"):
+            todo.extend((v, depth + 1) for v in vars(obj).values())
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # a cell not yet filled
+        return False
+    return True
 
 
 def row_axes(batch_spec: PartitionSpec, reduce_grads: str) -> Any:

@@ -198,14 +198,45 @@ def _per_device_copies(p: Any, mesh: AbstractMesh, axes: Any) -> Any:
     )
 
 
-def update(optimizer: Any) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
-    def update(p: Any, st: Any, g: Any) -> tuple[Any, Any]:
+def update(optimizer: Any, clip_norm: float | None = None) -> Callable[..., tuple[Any, Any]]:
+    """The stage's update. With ``clip_norm`` it also takes every stage's squared
+    gradient norm (``squared_norm``'s, this one's among them) and first clips the
+    gradients to the global norm they make, as ``optax.clip_by_global_norm`` clips one
+    model's gradients."""
+
+    def update(p: Any, st: Any, g: Any, *squared_norms: Any) -> tuple[Any, Any]:
         import optax
 
+        if clip_norm is not None:
+            g = _clipped(g, squared_norms, clip_norm)
         updates, st = optimizer.update(g, st, p)
         return optax.apply_updates(p, updates), st
 
     return update
+
+
+def squared_norm(mesh: AbstractMesh | None = None) -> Callable[[Any], Any]:
+    """The squared L2 norm of a stage's gradient sum, as ``optax.tree.norm`` takes it;
+    with ``mesh``, of per-device sums (``per_device``), added up first as the update adds
+    them (``reduce_then``)."""
+
+    def norm(g: Any) -> Any:
+        import optax
+
+        if mesh is not None:
+            g = _reduced(g, mesh)
+        return optax.tree.norm(g, squared=True)
+
+    return norm
+
+
+def _clipped(g: Any, squared_norms: tuple[Any, ...], max_norm: float) -> Any:
+    # optax.clip_by_global_norm's arithmetic, on the norm of all the stages' gradients.
+    g_norm = jnp.sqrt(sum(squared_norms))
+    keep = g_norm < max_norm
+    return jax.tree.map(
+        lambda t: jax.lax.select(keep, t, (t / g_norm.astype(t.dtype)) * max_norm), g
+    )
 
 
 def per_device(
@@ -269,13 +300,16 @@ def reduce_then(update_fn: Any, mesh: AbstractMesh) -> Any:
     """The update for per-device gradient sums: add the devices' sums (the step's one
     reduction), replicated like the parameters, then update."""
 
-    def update_reduced(p: Any, st: Any, g: Any) -> Any:
-        total = jax.tree.map(
-            lambda v: jax.lax.with_sharding_constraint(
-                v.sum(0), NamedSharding(mesh, PartitionSpec())
-            ),
-            g,
-        )
-        return update_fn(p, st, total)
+    def update_reduced(p: Any, st: Any, g: Any, *extra: Any) -> Any:
+        return update_fn(p, st, _reduced(g, mesh), *extra)
 
     return update_reduced
+
+
+def _reduced(g: Any, mesh: AbstractMesh) -> Any:
+    """Per-device gradient sums (a leading dimension, one row per device) added up,
+    replicated like the parameters."""
+    return jax.tree.map(
+        lambda v: jax.lax.with_sharding_constraint(v.sum(0), NamedSharding(mesh, PartitionSpec())),
+        g,
+    )
