@@ -49,9 +49,14 @@ def _params(sizes: list[int]) -> list[dict]:
 
 
 def _reference(
-    params: list[dict], x: np.ndarray, y: np.ndarray, steps: int, opt: object = None
+    params: list[dict],
+    x: np.ndarray,
+    y: np.ndarray,
+    steps: int,
+    opt: object = None,
+    stages: list[Any] | None = None,
 ) -> list[float]:
-    stages = [layer, layer, layer, head]
+    stages = stages or [layer, layer, layer, head]
     opt = opt or optax.adam(1e-2)
 
     def loss(ps: list[dict]) -> jax.Array:
@@ -165,15 +170,16 @@ def test_gradients_summed_per_device_and_reduced_once_per_step_train_like_plain_
 
 
 @pytest.mark.parametrize(
-    ("schedule", "reduce_grads", "opt"),
-    [("1f1b", "microbatch", optax.adam(1e-2)), ("gpipe", "step", optax.sgd(0.5))],
+    ("schedule", "reduce_grads", "opt", "skip"),
+    [("1f1b", "microbatch", optax.adam(1e-2), True), ("gpipe", "step", optax.sgd(0.5), False)],
 )
 def test_clipping_to_the_global_norm_of_all_stages_trains_like_plain_jax(
-    slices: list[pw.VirtualSlice], schedule: str, reduce_grads: str, opt: Any
+    slices: list[pw.VirtualSlice], schedule: str, reduce_grads: str, opt: Any, skip: bool
 ) -> None:
     """clip_grad_norm clips the gradients of all stages together, as
     optax.clip_by_global_norm clips one model's; the norm here is small enough that
-    every step clips (per-stage clipping, or none, gives other losses)."""
+    every step clips (per-stage clipping, or none, gives other losses). Steps whose
+    gradients are finite are taken under skip_nonfinite."""
     x, y = _batch()
     step = pw.pipeline(
         [layer, layer, layer, head],
@@ -185,6 +191,7 @@ def test_clipping_to_the_global_norm_of_all_stages_trains_like_plain_jax(
         batch_spec=PartitionSpec("data"),
         reduce_grads=reduce_grads,
         clip_grad_norm=0.05,
+        skip_nonfinite=skip,
     )
     assert "clip_grad_norm=0.05" in repr(step)
     _, got = _train(step, x, y, 4)
@@ -193,6 +200,41 @@ def test_clipping_to_the_global_norm_of_all_stages_trains_like_plain_jax(
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
     unclipped = _reference(_params(SIZES), x, y, 4, opt)
     assert not np.allclose(want, unclipped, rtol=1e-3)
+
+
+def test_a_step_with_a_nonfinite_gradient_on_one_stage_is_skipped_on_every_stage(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    """skip_nonfinite skips a step on every stage when one stage's gradients are not
+    finite, as optax.apply_if_finite skips it for the whole model in one program."""
+
+    def gated(p: dict, x: jax.Array) -> jax.Array:
+        # d/ds sqrt(s) is inf at s = 0: this stage's gradient alone is not finite.
+        return layer(p, x) * jnp.sqrt(p["s"])
+
+    stages = [layer, layer, gated, head]
+    params = _params(SIZES)
+    params[2] = {**params[2], "s": np.zeros((), np.float32)}
+    x, y = _batch()
+    step = pw.pipeline(stages, slices, mse, optax.adam(1e-2), microbatches=4, skip_nonfinite=True)
+    assert "skip_nonfinite=True" in repr(step)
+    p, st = step.init(params)
+    losses = []
+    for _ in range(3):
+        p, st, loss = step(p, st, x, y)
+        losses.append(loss)
+    got = [float(v) for v in pw.fetch(losses)]
+    whole = optax.apply_if_finite(optax.adam(1e-2), 10)
+    np.testing.assert_allclose(got, _reference(params, x, y, 3, whole, stages), rtol=1e-6)
+    assert len(set(got)) == 1  # no stage moved
+    for now, before in zip(jax.tree.leaves(pw.fetch(p)), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(now, before)
+    # Without it, a stage whose gradients were finite moves on alone (the head's bias:
+    # its weights see the gated stage's zeros).
+    per_stage = pw.pipeline(stages, slices, mse, optax.sgd(0.1), microbatches=4)
+    q, qs = per_stage.init(params)
+    q, qs, _ = per_stage(q, qs, x, y)
+    assert not np.array_equal(np.asarray(q[3]["b"]), params[3]["b"])
 
 
 def test_an_optimizer_that_needs_every_stages_gradients_is_refused(
@@ -209,6 +251,10 @@ def test_an_optimizer_that_needs_every_stages_gradients_is_refused(
     ):
         with pytest.raises(ValueError, match=r"optax.clip_by_global_norm.*clip_grad_norm=\.\.\."):
             pw.pipeline(stages, slices, mse, opt)
+    with pytest.raises(ValueError, match=r"optax.apply_if_finite.*skip_nonfinite=True"):
+        pw.pipeline(stages, slices, mse, optax.apply_if_finite(optax.adam(1e-3), 3))
+    with pytest.raises(TypeError, match="skip_nonfinite is True or False"):
+        pw.pipeline(stages, slices, mse, optax.sgd(0.1), skip_nonfinite=1)  # type: ignore[arg-type]
     for bad, err in ((0.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):
         with pytest.raises(err, match="clip_grad_norm"):
             pw.pipeline(stages, slices, mse, optax.sgd(0.1), clip_grad_norm=bad)  # type: ignore[arg-type]

@@ -37,10 +37,10 @@ from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._stages import (
     backward,
     backward_from_residuals,
+    gradient_share,
     last,
     per_device,
     reduce_then,
-    squared_norm,
     update,
     with_residuals,
 )
@@ -190,9 +190,10 @@ class Pipeline:
         reduce_grads: str = "microbatch",
         extra_warmup: int = 0,
         clip_grad_norm: float | None = None,
+        skip_nonfinite: bool = False,
     ) -> None:
         check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
-        clip_grad_norm = check_clip(clip_grad_norm)
+        clip_grad_norm = check_clip(clip_grad_norm, skip_nonfinite)
         check_optimizer(optimizer)
         self.stages = list(stages)
         self.slices = list(slices)
@@ -204,6 +205,7 @@ class Pipeline:
         self.optimizer = optimizer
         self.extra_warmup = extra_warmup
         self.clip_grad_norm = clip_grad_norm
+        self.skip_nonfinite = skip_nonfinite
         self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)
         self.order = submission_order(self._orders)
         n = len(stages)
@@ -212,7 +214,7 @@ class Pipeline:
         self._bwd_first: list[RemoteFunction] = []
         self._bwd: list[RemoteFunction] = []
         self._update: list[RemoteFunction] = []
-        self._norms: list[RemoteFunction] = []
+        self._shares: list[RemoteFunction] = []
         axes = row_axes(batch_spec, reduce_grads)
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
@@ -226,14 +228,14 @@ class Pipeline:
                 forward = with_residuals(fn)
                 first, acc = backward_from_residuals(fn, s == 0)
                 donate = 5
-            apply = update(optimizer, clip_grad_norm)
-            norm = squared_norm()
+            apply = update(optimizer, clip_grad_norm, skip_nonfinite)
+            share = gradient_share()
             if axes is not None:
                 mesh = vs.abstract_mesh
                 forward, first, acc = per_device(forward, first, acc, remat, s == 0, mesh, axes)
                 apply = reduce_then(apply, mesh)
-                norm = squared_norm(mesh)
-            self._norms.append(jit(norm, slice=vs, name=f"{name}.grad_norm"))
+                share = gradient_share(mesh)
+            self._shares.append(jit(share, slice=vs, name=f"{name}.grad_share"))
             self._fwd.append(jit(forward, slice=vs, name=f"{name}.fwd"))
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
             self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
@@ -259,6 +261,7 @@ class Pipeline:
                 ("reduce_grads", self.reduce_grads, "microbatch"),
                 ("extra_warmup", self.extra_warmup, 0),
                 ("clip_grad_norm", self.clip_grad_norm, None),
+                ("skip_nonfinite", self.skip_nonfinite, False),
             )
             if v != default
         )
@@ -430,13 +433,14 @@ class Pipeline:
                     acc[s], grads_in[(s - 1, i)] = out
                 else:
                     acc[s] = out
-        # Clipping to the global norm needs every stage's share of it: each update takes
-        # all of them (scalars, moved host to host), so no update starts before the
-        # last backward has run.
-        norms = [self._norms[s](acc[s]) for s in range(n)] if self.clip_grad_norm else []
+        # Clipping to the global norm, or skipping a step whose gradients are not all
+        # finite, needs every stage's share: each update takes all of them (scalars,
+        # moved host to host), so no update starts before the last backward has run.
+        whole = self.clip_grad_norm is not None or self.skip_nonfinite
+        shares = [self._shares[s](acc[s]) for s in range(n)] if whole else []
         new_params, new_states = [], []
         for s in range(n):
-            p, st = self._update[s](params[s], opt_state[s], acc[s], *norms)
+            p, st = self._update[s](params[s], opt_state[s], acc[s], shares)
             new_params.append(p)
             new_states.append(st)
         return new_params, new_states, loss
@@ -515,6 +519,7 @@ def pipeline(
     reduce_grads: str = "microbatch",
     extra_warmup: int = 0,
     clip_grad_norm: float | None = None,
+    skip_nonfinite: bool = False,
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -549,10 +554,14 @@ def pipeline(
 
     The optimizer runs on each stage's slice, on that stage's parameters and gradients.
     A transformation that looks across the whole gradient tree would see one stage's
-    share of it, so ``optax.clip_by_global_norm`` is refused: ``clip_grad_norm`` clips
-    the gradients of all stages together to that global norm before the optimizer, as
-    ``optax.chain(optax.clip_by_global_norm(c), optimizer)`` does for one model (each
-    stage's squared norm, a scalar, goes to the others, host to host).
+    share of it, so ``optax.clip_by_global_norm`` and ``optax.apply_if_finite`` are
+    refused. ``clip_grad_norm`` clips the gradients of all stages together to that
+    global norm before the optimizer, as ``optax.chain(optax.clip_by_global_norm(c),
+    optimizer)`` does for one model; ``skip_nonfinite=True`` leaves every stage's
+    parameters and optimizer state as they were in a step where any stage's gradients
+    are not all finite (NaN or inf), as ``optax.apply_if_finite`` skips such a step
+    (without its count of consecutive skips). Each stage's share, two scalars, goes to
+    the others host to host.
     """
     return Pipeline(
         stages,
@@ -566,4 +575,5 @@ def pipeline(
         reduce_grads,
         extra_warmup,
         clip_grad_norm,
+        skip_nonfinite,
     )

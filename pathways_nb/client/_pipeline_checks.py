@@ -90,8 +90,11 @@ def check_arguments(
         raise TypeError(f"remat is True or False; got {remat!r}")
 
 
-def check_clip(clip_grad_norm: Any) -> float | None:
-    """``clip_grad_norm`` as a float, or None; refuse anything but a positive number."""
+def check_clip(clip_grad_norm: Any, skip_nonfinite: Any) -> float | None:
+    """``clip_grad_norm`` as a float, or None; refuse anything but a positive number,
+    and a ``skip_nonfinite`` that is not a bool."""
+    if not isinstance(skip_nonfinite, bool):
+        raise TypeError(f"skip_nonfinite is True or False; got {skip_nonfinite!r}")
     if clip_grad_norm is None:
         return None
     if isinstance(clip_grad_norm, bool) or not isinstance(
@@ -117,6 +120,12 @@ _WHOLE_TREE = {
         "clips by the norm of the gradients it is given, and each stage's optimizer is "
         "given that stage's alone; pass clip_grad_norm=... to pw.pipeline instead (the "
         "norm of all stages' gradients) and leave it out of the optimizer"
+    ),
+    "apply_if_finite": (
+        "checks the gradients it is given, and each stage's optimizer is given that "
+        "stage's alone (a NaN on one stage would skip that stage's update and not the "
+        "others'); pass skip_nonfinite=True to pw.pipeline instead (a step is skipped on "
+        "every stage when any stage's gradients are not finite)"
     ),
 }
 

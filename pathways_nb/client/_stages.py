@@ -198,45 +198,59 @@ def _per_device_copies(p: Any, mesh: AbstractMesh, axes: Any) -> Any:
     )
 
 
-def update(optimizer: Any, clip_norm: float | None = None) -> Callable[..., tuple[Any, Any]]:
-    """The stage's update. With ``clip_norm`` it also takes every stage's squared
-    gradient norm (``squared_norm``'s, this one's among them) and first clips the
-    gradients to the global norm they make, as ``optax.clip_by_global_norm`` clips one
-    model's gradients."""
+def update(
+    optimizer: Any, clip_norm: float | None = None, skip_nonfinite: bool = False
+) -> Callable[..., tuple[Any, Any]]:
+    """The stage's update. With ``clip_norm`` or ``skip_nonfinite`` it also takes every
+    stage's ``gradient_share`` (this one's among them): with ``clip_norm`` it first clips
+    the gradients to the global norm of all of them, as ``optax.clip_by_global_norm``
+    clips one model's; with ``skip_nonfinite`` it keeps the parameters and optimizer
+    state as they were when any stage's gradients are not all finite."""
 
-    def update(p: Any, st: Any, g: Any, *squared_norms: Any) -> tuple[Any, Any]:
+    def update(p: Any, st: Any, g: Any, shares: Any = ()) -> tuple[Any, Any]:
         import optax
 
         if clip_norm is not None:
-            g = _clipped(g, squared_norms, clip_norm)
-        updates, st = optimizer.update(g, st, p)
-        return optax.apply_updates(p, updates), st
+            g = _clipped(g, [sq for sq, _ in shares], clip_norm)
+        updates, new_st = optimizer.update(g, st, p)
+        new_p = optax.apply_updates(p, updates)
+        if skip_nonfinite:
+            finite = jnp.all(jnp.stack([ok for _, ok in shares]))
+            new_p = _kept_unless(finite, new_p, p)
+            new_st = _kept_unless(finite, new_st, st)
+        return new_p, new_st
 
     return update
 
 
-def squared_norm(mesh: AbstractMesh | None = None) -> Callable[[Any], Any]:
-    """The squared L2 norm of a stage's gradient sum, as ``optax.tree.norm`` takes it;
-    with ``mesh``, of per-device sums (``per_device``), added up first as the update adds
-    them (``reduce_then``)."""
+def gradient_share(mesh: AbstractMesh | None = None) -> Callable[[Any], Any]:
+    """What a stage tells the others of its gradient sum: its squared L2 norm, as
+    ``optax.tree.norm`` takes it, and whether every entry is finite; with ``mesh``, of
+    per-device sums (``per_device``), added up first as the update adds them
+    (``reduce_then``)."""
 
-    def norm(g: Any) -> Any:
+    def share(g: Any) -> Any:
         import optax
 
         if mesh is not None:
             g = _reduced(g, mesh)
-        return optax.tree.norm(g, squared=True)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(g)]))
+        return optax.tree.norm(g, squared=True), finite
 
-    return norm
+    return share
 
 
-def _clipped(g: Any, squared_norms: tuple[Any, ...], max_norm: float) -> Any:
+def _clipped(g: Any, squared_norms: list[Any], max_norm: float) -> Any:
     # optax.clip_by_global_norm's arithmetic, on the norm of all the stages' gradients.
     g_norm = jnp.sqrt(sum(squared_norms))
     keep = g_norm < max_norm
     return jax.tree.map(
         lambda t: jax.lax.select(keep, t, (t / g_norm.astype(t.dtype)) * max_norm), g
     )
+
+
+def _kept_unless(take_new: Any, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda a, b: jnp.where(take_new, a, b), new, old)
 
 
 def per_device(
