@@ -237,6 +237,22 @@ def test_a_step_with_a_nonfinite_gradient_on_one_stage_is_skipped_on_every_stage
     assert not np.array_equal(np.asarray(q[3]["b"]), params[3]["b"])
 
 
+def test_parameters_without_gradients_are_refused_before_anything_runs(
+    slices: list[pw.VirtualSlice],
+) -> None:
+    """An integer parameter has a float0 gradient, which holds no values: refused with
+    where it is and what to do, where a step failed deep inside with JAX's words."""
+    step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(0.1), microbatches=4)
+    params = _params(SIZES)
+    params[1] = {**params[1], "n": np.int32(3)}
+    with pytest.raises(TypeError, match=r"params\[1\]\['n'\] is int32.*close over it"):
+        step.init(params)
+    good, state = step.init(_params(SIZES))
+    x, y = _batch()
+    with pytest.raises(TypeError, match=r"params\[2\]\['b'\] is bool"):
+        step([*good[:2], {**good[2], "b": np.zeros(3, bool)}, good[3]], state, x, y)
+
+
 def test_an_optimizer_that_needs_every_stages_gradients_is_refused(
     slices: list[pw.VirtualSlice],
 ) -> None:

@@ -880,6 +880,28 @@ def test_typed_prng_keys_survive_put_and_fetch(client: pw.Client) -> None:
     )
 
 
+def test_float0_outputs_come_back_as_numpy_float0_arrays_as_from_jax_jit(
+    client: pw.Client,
+) -> None:
+    """The gradient of an integer input is a float0 that holds no values: jax.jit
+    returns it as a NumPy array, and so does pw.jit, while the host runs the rest. A
+    program returning one once ended the host's threads."""
+    vs = client.allocate({"x": 2})
+    params = {"w": np.arange(4, dtype=np.float32), "n": np.int32(3)}
+    grad = jax.grad(lambda p: (p["w"] * p["n"]).sum(), allow_int=True)
+    want = jax.jit(grad)(params)
+    got = pw.jit(grad)(vs.put(params))
+    assert isinstance(got["w"], pw.RemoteArray) and isinstance(got["n"], np.ndarray)
+    assert got["n"].dtype == want["n"].dtype == jax.dtypes.float0
+    assert got["n"].shape == want["n"].shape
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.asarray(want["w"]))
+    only = pw.jit(jax.grad(lambda n: n * 2.0, allow_int=True))(vs.put(np.int32(3)))
+    assert isinstance(only, np.ndarray) and only.dtype == jax.dtypes.float0
+    with pytest.raises(TypeError, match="put does not take float0 arrays"):
+        vs.put(got["n"])
+    np.testing.assert_array_equal(np.asarray(got["w"] + 1), np.asarray(want["w"]) + 1)
+
+
 def test_many_dependent_calls_are_submitted_without_waiting(client: pw.Client) -> None:
     vs = client.allocate({"data": 4})
     x = vs.put(np.ones((64, 64), np.float32), P("data"))

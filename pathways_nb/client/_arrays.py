@@ -82,6 +82,12 @@ class ArrayIO(ProgramCalls):
                 ) from None
             self._check_put_fits(vs, data.nbytes)
             data = np.asarray(data, order="C")
+            if data.dtype == jax.dtypes.float0:
+                raise TypeError(
+                    "put does not take float0 arrays: the gradient of an integer input holds "
+                    "no values (pw.jit returns it as a NumPy float0 array, as jax.jit does). "
+                    "Leave it out, or take gradients of float inputs only"
+                )
             if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
                 raise TypeError(
                     f"put takes numeric or boolean arrays (bfloat16 and the other JAX "

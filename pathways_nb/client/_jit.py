@@ -48,10 +48,24 @@ class Program:
     out_shardings: list[NamedSharding] | None = None
     # The outputs JAX types weakly (``int_array * 0.5``), as jax.jit's results are.
     weak_outputs: tuple[int, ...] = ()
+    # float0 leaves of the output (the gradient of an integer input), by position among
+    # all of them, with their shapes: they carry no values, so the exported program
+    # leaves them out and the client puts NumPy float0 arrays in their places, as
+    # jax.jit returns them.
+    float0_outputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def single_output(self) -> bool:
         return self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1
+
+    def unflatten(self, exported: list[Any]) -> Any:
+        """The function's output from the exported program's outputs."""
+        full = list(exported)
+        for i, shape in self.float0_outputs:
+            full.insert(i, np.zeros(shape, jax.dtypes.float0))
+        if self.single_output:
+            return full[0]
+        return jax.tree.unflatten(self.out_tree, full)
 
 
 def _spec_of(sharding: Any) -> PartitionSpec | None:
@@ -323,6 +337,7 @@ class RemoteFunction:
         am = vs.abstract_mesh
         user_out = self.out_shardings
         out_holder: list[Any] = []
+        float0_holder: list[tuple[tuple[int, tuple[int, ...]], ...]] = []
         in_specs = self._leaf_specs(treedef)
         for what, given in (("in_shardings", in_specs), ("out_shardings", [user_out])):
             for spec in jax.tree.leaves(given, is_leaf=_is_spec_leaf):
@@ -359,7 +374,9 @@ class RemoteFunction:
                 out = self._apply(jax.tree.unflatten(treedef, xs), static)
             flat_out, out_tree = jax.tree.flatten(out)
             out_holder.append(out_tree)
-            return flat_out
+            zeros = tuple((i, tuple(x.shape)) for i, x in enumerate(flat_out) if _is_float0(x))
+            float0_holder.append(zeros)
+            return [x for x in flat_out if not _is_float0(x)] if zeros else flat_out
 
         # JAX's trace errors name the user's function and its source line, not this
         # wrapper's; its arguments keep this wrapper's signature, the flat leaves.
@@ -372,6 +389,8 @@ class RemoteFunction:
             if user_out is not None:
                 jax.eval_shape(flat, *avals)  # learn the output tree
                 wanted = _broadcast_specs(user_out, out_holder[-1])
+                dropped = {i for i, _ in float0_holder[-1]}
+                wanted = [s for i, s in enumerate(wanted) if i not in dropped]
                 if any(s is not None for s in wanted):
                     out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
             jitted = jax.jit(flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate)
@@ -381,7 +400,8 @@ class RemoteFunction:
                 # and leaves its outputs' layout free), so it was exported for one device:
                 # make its outputs replicated over the slice instead.
                 jax.eval_shape(flat, *avals)
-                out_sh = [NamedSharding(am, PartitionSpec())] * out_holder[-1].num_leaves
+                kept = out_holder[-1].num_leaves - len(float0_holder[-1])
+                out_sh = [NamedSharding(am, PartitionSpec())] * kept
                 jitted = jax.jit(
                     flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate
                 )
@@ -428,6 +448,7 @@ class RemoteFunction:
             platform=vs.platform,
             in_specs=in_wire,
             weak_outputs=tuple(i for i, a in enumerate(exp.out_avals) if a.weak_type),
+            float0_outputs=float0_holder[-1],
         )
 
 
@@ -436,6 +457,11 @@ _CALLBACK = (
     "Programs run on remote hosts as jax.export artifacts, which cannot carry callbacks: "
     "remove the callback, or return the value and print it after fetching."
 )
+
+
+def _is_float0(x: Any) -> bool:
+    # What is not an array at all is left for JAX to name.
+    return getattr(x, "dtype", None) == jax.dtypes.float0
 
 
 def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:

@@ -30,6 +30,7 @@ from pathways_nb.client._pipeline_checks import (
     check_optimizer,
     check_own_arrays,
     check_per_stage,
+    check_trainable,
     row_axes,
 )
 from pathways_nb.client._programs import _moved_spec
@@ -283,6 +284,7 @@ class Pipeline:
             "params", params, len(self.slices), "a list with one parameter tree per stage"
         )
         check_own_arrays(params)
+        check_trainable(params)
 
         def place(v: Any, vs: VirtualSlice) -> Any:
             if not isinstance(v, RemoteArray):
@@ -370,6 +372,7 @@ class Pipeline:
         check_per_stage("params", params, n, hint)
         check_per_stage("opt_state", opt_state, n, hint)
         check_own_arrays(params)
+        check_trainable(params)
         nx, ny = self._rows(x, "x"), self._rows(y, "y")
         if nx != ny:
             raise ValueError(

@@ -41,6 +41,24 @@ def check_own_arrays(params: Sequence[Any]) -> None:
                 )
 
 
+def check_trainable(params: Sequence[Any]) -> None:
+    """Refuse a parameter that is not a float (or complex) array: a pipeline trains
+    every leaf of every stage's parameters, and the gradient of an integer or boolean
+    one is a float0 that holds no values (``jax.grad`` refuses such inputs)."""
+    for s, tree in enumerate(params):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is None:
+                dtype = np.asarray(leaf).dtype
+            if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+                raise TypeError(
+                    f"params[{s}]{jax.tree_util.keystr(path)} is {dtype}: a pipeline trains "
+                    "every leaf of its stages' parameters, and only float (or complex) ones "
+                    "have gradients. Keep integer or boolean state out of the parameters: "
+                    "close over it in the stage function, or pass it with the batch"
+                )
+
+
 def check_arguments(
     stages: Sequence[Any],
     slices: Sequence[Any],

@@ -112,9 +112,7 @@ class ProgramCalls:
             for aval, spec in zip(prog.out_avals, prog.out_specs, strict=True)
         ]
         rec.program(f.name, vs, arrays, outs)
-        if prog.single_output:
-            return outs[0]
-        return jax.tree.unflatten(prog.out_tree, outs)
+        return prog.unflatten(outs)
 
     def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
         if f.slice is None and leaves and type(leaves[0]) is RemoteArray:
@@ -280,9 +278,7 @@ class ProgramCalls:
         ]
         for i in prog.weak_outputs:
             results[i]._mark_weak()
-        if prog.single_output:
-            return results[0]
-        return jax.tree.unflatten(prog.out_tree, results)
+        return prog.unflatten(results)
 
     def _as_client(self) -> Client:
         return self  # type: ignore[return-value]

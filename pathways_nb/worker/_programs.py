@@ -89,6 +89,17 @@ class Programs:
                 exc, "compile", program=name, slice="", host=self.host
             )
             return
+        empty = [i for i, a in enumerate(exp.out_avals) if a.dtype == jax.dtypes.float0]
+        if empty:
+            # XLA hands float0 outputs back as NumPy arrays, which the store and the
+            # completion thread do not hold: refused here, every launch of it fails.
+            self._bad_programs[pid] = RemoteError(
+                f"program {name} returns float0 arrays (outputs {empty}), which hold no "
+                "values; a host keeps arrays only. pw.jit leaves them out of the programs "
+                "it exports: export with it, or drop those outputs",
+                kind="invalid",
+            )
+            return
         self._programs[pid] = Program(name, exp, in_specs=list(in_specs))
 
     def mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:

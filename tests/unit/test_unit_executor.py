@@ -218,3 +218,37 @@ def test_a_host_keeps_a_bounded_number_of_executables_least_recently_used_first(
     # The dropped one compiles again, from its program, which the host keeps.
     np.testing.assert_array_equal(np.asarray(programs.executable("p1", mesh, ())(x)), np.arange(8))
     assert (programs.executables, programs.compiles) == (2, 4)
+
+
+def test_a_program_with_float0_outputs_fails_its_launches_and_the_host_serves_on(
+    host: _Host,
+) -> None:
+    """XLA hands float0 outputs (the gradient of an integer input) back as NumPy
+    arrays; a program exported with them, sent by anything but pw.jit (which leaves
+    them out), once ended the host's threads when its launch finished."""
+
+    def with_float0(x: jax.Array) -> tuple[jax.Array, Any]:
+        return 2 * x, np.zeros((), jax.dtypes.float0)
+
+    exp = export.export(jax.jit(with_float0, out_shardings=(host.sharding, None)))(
+        jax.ShapeDtypeStruct((8,), np.float32, sharding=host.sharding)
+    )
+    host.executor.submit("program", ("q", "with_float0", exp.serialize(), []))
+    host.arrive(2, host.value(1.0))
+    out = next(host._handles)
+    body = {
+        "lid": next(host._lids),
+        "slice": "s",
+        "pid": "q",
+        "ins": [2],
+        "outs": [out, next(host._handles)],
+        "donate": [],
+        "devices": list(range(DEVICES)),
+        "mesh": [["x", DEVICES]],
+        "name": "s",
+    }
+    host.executor.submit("run", body)
+    entry = host.store.wait(out, 30.0)
+    assert entry is not None and entry.error is not None
+    assert "returns float0 arrays (outputs [1])" in str(entry.error)
+    np.testing.assert_array_equal(host.result(host.run(2)), _expected(1.0))
