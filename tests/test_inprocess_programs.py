@@ -473,6 +473,26 @@ def test_pw_jit_functions_compose_as_nested_jax_jit(client: pw.Client) -> None:
     np.testing.assert_allclose(np.asarray(out), 3 * np.tanh(x @ w), rtol=1e-6)
 
 
+def test_clear_cache_traces_again_as_jax_jit_does(client: pw.Client) -> None:
+    """A traced function keeps what it read of a global until its cache is cleared,
+    under jax.jit and pw.jit alike."""
+    vs = client.allocate({"data": 2})
+    scale = {"now": 2.0}
+
+    def scaled(x: jax.Array) -> jax.Array:
+        return x * scale["now"]
+
+    f, g = pw.jit(scaled), jax.jit(scaled)
+    x, j = vs.put(np.ones(4, np.float32)), jnp.ones(4, jnp.float32)
+    assert np.asarray(f(x))[0] == np.asarray(g(j))[0] == 2.0
+    scale["now"] = 3.0
+    assert np.asarray(f(x))[0] == np.asarray(g(j))[0] == 2.0  # the trace is kept
+    f.clear_cache()
+    g.clear_cache()
+    assert np.asarray(f(x))[0] == np.asarray(g(j))[0] == 3.0
+    assert repr(f) == "<pw.jit scaled (1 programs)>"
+
+
 def test_eval_shape_and_lower_work_as_in_jax(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     x = vs.put(np.ones((4, 3), np.float32), P("data"))

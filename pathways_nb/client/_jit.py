@@ -133,6 +133,12 @@ class RemoteFunction:
     def __repr__(self) -> str:
         return f"<pw.jit {self.name} ({len(self._programs)} programs)>"
 
+    def clear_cache(self) -> None:
+        """Forget the programs traced so far, as ``jax.jit``'s ``clear_cache``: the next
+        call traces again (say, after a global the function reads has changed). A host
+        keeps what it compiled, and a trace that gives the same program reuses it."""
+        self._programs.clear()
+
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         if obj is None:
             return self
