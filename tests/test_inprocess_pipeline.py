@@ -253,6 +253,25 @@ def test_parameters_without_gradients_are_refused_before_anything_runs(
         step([*good[:2], {**good[2], "b": np.zeros(3, bool)}, good[3]], state, x, y)
 
 
+def test_a_loss_that_is_not_a_float_scalar_is_refused(slices: list[pw.VirtualSlice]) -> None:
+    """What jax.grad refuses to differentiate, and a (loss, metrics) pair, are named
+    with what to return instead (a tuple had failed dividing it, an integer loss had
+    trained on zero gradients)."""
+    params = _params(SIZES)
+    x, y = _batch()
+    for loss, got in (
+        (lambda o, t: jnp.mean((o - t) ** 2, axis=1), r"float32\[16\]"),
+        (lambda o, t: (mse(o, t), {"mean": jnp.mean(o)}), "tuple"),
+        (lambda o, t: jnp.int32(1), r"int32\[\]"),
+    ):
+        step = pw.pipeline(
+            [layer, layer, layer, head], slices, loss, optax.sgd(0.1), microbatches=4
+        )
+        p, st = step.init(params)
+        with pytest.raises(TypeError, match=rf"returns the microbatch's loss.*returned {got}"):
+            step(p, st, x, y)
+
+
 def test_an_optimizer_that_needs_every_stages_gradients_is_refused(
     slices: list[pw.VirtualSlice],
 ) -> None:

@@ -157,7 +157,7 @@ def last(
             stage, at = _on_own_rows(fn, *rows), _per_device_copies(p, *rows)
 
         def objective(pp: Any, xx: Any) -> Any:
-            return loss_fn(stage(pp, xx), y) / m
+            return _scalar_loss(loss_fn(stage(pp, xx), y)) / m
 
         loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(at, x)
         return loss, gp, gx
@@ -171,6 +171,21 @@ def last(
         return total + loss, _added(a, gp), (None if only else gx)
 
     return first, acc
+
+
+def _scalar_loss(value: Any) -> Any:
+    """The loss, refused unless it is a float scalar (jax.grad's rule for what it
+    differentiates), with what the pipeline takes instead."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.inexact):
+        return value
+    got = f"{dtype}{list(shape)}" if shape is not None else type(value).__name__
+    raise TypeError(
+        f"loss_fn(output, y) returns the microbatch's loss as a float scalar (its mean over "
+        f"the rows); it returned {got}. A vector of losses wants a mean; (loss, metrics) "
+        "is not carried through the pipeline: return the loss alone and compute the "
+        "metrics with a pw.jit of their own"
+    )
 
 
 def _on_own_rows(fn: Callable[[Any, Any], Any], mesh: AbstractMesh, axes: Any) -> Any:
