@@ -377,6 +377,18 @@ def test_batch_and_stage_mistakes_are_named_before_anything_runs(
     for xb, yb in ((x[:62], y[:62]), (slices[0].put(x[:62]), slices[-1].put(y[:62]))):
         with pytest.raises(ValueError, match=r"62 rows, which do not split into microbatches=4"):
             step(params, state, xb, yb)
+    # Microbatches that batch_spec cannot split over a slice's devices.
+    split = pw.pipeline(
+        [layer, layer, layer, head],
+        slices,
+        mse,
+        optax.sgd(0.1),
+        microbatches=4,
+        batch_spec=PartitionSpec("data"),
+    )
+    sp, ss = split.init(_params(SIZES))
+    with pytest.raises(ValueError, match=r"each of its microbatches=4 has 15.*multiple of 8"):
+        split(sp, ss, x[:60], y[:60])
     # A stage whose parameters do not fit its input: JAX's error, naming the stage.
     bad = _params(SIZES)
     bad[2] = jax.tree.map(lambda a: a[:-1] if a.ndim == 2 else a, bad[2])

@@ -344,6 +344,17 @@ class Pipeline:
                 f"split into microbatches={m}: pass a batch whose first dimension is a "
                 f"multiple of {m}, or choose microbatches that divide it{hint}"
             )
+        axes = self.batch_spec[0] if len(self.batch_spec) else None
+        if axes is not None:
+            vs = self.slices[0] if what == "x" else self.slices[-1]
+            names = axes if isinstance(axes, tuple) else (axes,)
+            split = int(np.prod([vs.mesh_shape[a] for a in names if a in vs.mesh_shape]))
+            if (n // m) % split:
+                raise ValueError(
+                    f"{what} has {n} rows, so each of its microbatches={m} has {n // m}, which "
+                    f"batch_spec={self.batch_spec} does not split over {split} devices of "
+                    f"slice {vs.name!r}: pass a batch of a multiple of {m * split} rows"
+                )
         return n
 
     def _splitter(self, vs: VirtualSlice) -> RemoteFunction:
