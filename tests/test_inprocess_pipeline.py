@@ -288,6 +288,9 @@ def test_an_optimizer_that_needs_every_stages_gradients_is_refused(
             pw.pipeline(stages, slices, mse, opt)
     with pytest.raises(ValueError, match=r"optax.apply_if_finite.*skip_nonfinite=True"):
         pw.pipeline(stages, slices, mse, optax.apply_if_finite(optax.adam(1e-3), 3))
+    for opt in (optax.lbfgs(), optax.contrib.prodigy(), optax.contrib.dog()):
+        with pytest.raises(ValueError, match="norms or inner products over all the parameters"):
+            pw.pipeline(stages, slices, mse, opt)
     with pytest.raises(TypeError, match="skip_nonfinite is True or False"):
         pw.pipeline(stages, slices, mse, optax.sgd(0.1), skip_nonfinite=1)  # type: ignore[arg-type]
     for bad, err in ((0.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):

@@ -569,7 +569,8 @@ def pipeline(
     The optimizer runs on each stage's slice, on that stage's parameters and gradients.
     A transformation that looks across the whole gradient tree would see one stage's
     share of it, so ``optax.clip_by_global_norm`` and ``optax.apply_if_finite`` are
-    refused. ``clip_grad_norm`` clips the gradients of all stages together to that
+    refused, as are optimizers whose step comes from norms or inner products over all
+    the parameters (L-BFGS, DoG, Prodigy, D-Adaptation, Mechanic, Polyak's step size). ``clip_grad_norm`` clips the gradients of all stages together to that
     global norm before the optimizer, as ``optax.chain(optax.clip_by_global_norm(c),
     optimizer)`` does for one model; ``skip_nonfinite=True`` leaves every stage's
     parameters and optimizer state as they were in a step where any stage's gradients

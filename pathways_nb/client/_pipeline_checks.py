@@ -133,6 +133,12 @@ def check_clip(clip_grad_norm: Any, skip_nonfinite: Any) -> float | None:
 # optax transformations that reduce over the whole gradient tree: in a pipeline they
 # would see one stage's gradients, and train differently from the same model in one
 # program without saying so.
+_GLOBAL_STEP = (
+    "computes its step from norms or inner products over all the parameters, and each "
+    "stage's optimizer is given that stage's alone, so the pipeline would train "
+    "differently from the same model in one program; a pipeline takes optimizers that "
+    "work leaf by leaf (sgd, adam, adamw, lion, adafactor, ...)"
+)
 _WHOLE_TREE = {
     "clip_by_global_norm": (
         "clips by the norm of the gradients it is given, and each stage's optimizer is "
@@ -144,6 +150,18 @@ _WHOLE_TREE = {
         "stage's alone (a NaN on one stage would skip that stage's update and not the "
         "others'); pass skip_nonfinite=True to pw.pipeline instead (a step is skipped on "
         "every stage when any stage's gradients are not finite)"
+    ),
+    **dict.fromkeys(
+        (
+            "scale_by_lbfgs",
+            "scale_by_dog",
+            "scale_by_dowg",
+            "prodigy",
+            "dadapt_adamw",
+            "mechanize",
+            "scale_by_polyak",
+        ),
+        _GLOBAL_STEP,
     ),
 }
 
