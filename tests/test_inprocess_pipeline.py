@@ -261,7 +261,7 @@ def test_a_loss_that_is_not_a_float_scalar_is_refused(slices: list[pw.VirtualSli
     x, y = _batch()
     for loss, got in (
         (lambda o, t: jnp.mean((o - t) ** 2, axis=1), r"float32\[16\]"),
-        (lambda o, t: (mse(o, t), {"mean": jnp.mean(o)}), "tuple"),
+        (lambda o, t: (mse(o, t), {"mean": jnp.mean(o)}), r"\(float32\[\], dict\)"),
         (lambda o, t: jnp.int32(1), r"int32\[\]"),
     ):
         step = pw.pipeline(
@@ -270,6 +270,87 @@ def test_a_loss_that_is_not_a_float_scalar_is_refused(slices: list[pw.VirtualSli
         p, st = step.init(params)
         with pytest.raises(TypeError, match=rf"returns the microbatch's loss.*returned {got}"):
             step(p, st, x, y)
+    pairs = pw.pipeline(
+        [layer, layer, layer, head], slices, mse, optax.sgd(0.1), microbatches=4, weighted_loss=True
+    )
+    p, st = pairs.init(params)
+    with pytest.raises(TypeError, match=r"returns a pair .* it returned float32\[\]"):
+        pairs(p, st, x, y)
+    with pytest.raises(TypeError, match="weighted_loss is True or False"):
+        pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(0.1), weighted_loss=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("reduce_grads", "clip"), [("microbatch", None), ("step", 0.05)])
+def test_a_weighted_loss_trains_like_the_whole_batchs_masked_mean_in_plain_jax(
+    slices: list[pw.VirtualSlice], reduce_grads: str, clip: float | None
+) -> None:
+    """A loss over masked rows: the mean of the microbatches' masked means is another
+    objective when their masks hold different counts; weighted_loss gives the batch's
+    own, sum over weight, with its gradients (and global-norm clipping of those)."""
+    x, y = _batch()
+    mask = (np.arange(64) % 7 < np.arange(64) // 16 + 1).astype(np.float32)  # 3..12 per 16 rows
+
+    def per_row(o: jax.Array, t: jax.Array) -> jax.Array:
+        return jnp.mean((o - t) ** 2, axis=1)
+
+    def weighted(o: jax.Array, ym: tuple) -> tuple:
+        t, m = ym
+        return jnp.sum(per_row(o, t) * m), jnp.sum(m)
+
+    opt = optax.sgd(0.5)
+    step = pw.pipeline(
+        [layer, layer, layer, head],
+        slices,
+        weighted,
+        opt,
+        microbatches=4,
+        batch_spec=PartitionSpec("data"),
+        reduce_grads=reduce_grads,
+        clip_grad_norm=clip,
+        weighted_loss=True,
+    )
+    params, state = step.init(_params(SIZES))
+    got = []
+    for _ in range(4):
+        params, state, loss = step(params, state, x, (y, mask))
+        got.append(loss)
+    got_f = [float(v) for v in pw.fetch(got)]
+
+    def whole(ps: list[dict]) -> jax.Array:
+        h = jnp.asarray(x)
+        for f, p in zip([layer, layer, layer, head], ps, strict=True):
+            h = f(p, h)
+        return jnp.sum(per_row(h, y) * mask) / jnp.sum(mask)
+
+    ref = optax.chain(optax.clip_by_global_norm(clip), opt) if clip else opt
+    ps = jax.tree.map(jnp.asarray, _params(SIZES))
+    st = ref.init(ps)
+    want = []
+    for _ in range(4):
+        v, g = jax.value_and_grad(whole)(ps)
+        upd, st = ref.update(g, st, ps)
+        ps = optax.apply_updates(ps, upd)
+        want.append(float(v))
+    np.testing.assert_allclose(got_f, want, rtol=2e-5, atol=1e-6)
+
+    # Without it, the step's loss is the mean of the microbatches' masked means: another
+    # number, for masks that hold different counts.
+    def masked_mean(o: jax.Array, ym: tuple) -> jax.Array:
+        total, count = weighted(o, ym)
+        return total / count
+
+    plain = pw.pipeline(
+        [layer, layer, layer, head],
+        slices,
+        masked_mean,
+        opt,
+        microbatches=4,
+        batch_spec=PartitionSpec("data"),
+        reduce_grads=reduce_grads,
+    )
+    p2, s2 = plain.init(_params(SIZES))
+    _, _, first = plain(p2, s2, x, (y, mask))
+    assert abs(float(first) - want[0]) > 1e-3 * want[0]
 
 
 def test_an_optimizer_that_needs_every_stages_gradients_is_refused(

@@ -192,6 +192,7 @@ class Pipeline:
         extra_warmup: int = 0,
         clip_grad_norm: float | None = None,
         skip_nonfinite: bool = False,
+        weighted_loss: bool = False,
     ) -> None:
         check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
         clip_grad_norm = check_clip(clip_grad_norm, skip_nonfinite)
@@ -207,6 +208,9 @@ class Pipeline:
         self.extra_warmup = extra_warmup
         self.clip_grad_norm = clip_grad_norm
         self.skip_nonfinite = skip_nonfinite
+        if not isinstance(weighted_loss, bool):
+            raise TypeError(f"weighted_loss is True or False; got {weighted_loss!r}")
+        self.weighted_loss = weighted_loss
         self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)
         self.order = submission_order(self._orders)
         n = len(stages)
@@ -244,10 +248,11 @@ class Pipeline:
                 jit(apply, slice=vs, name=f"{name}.update", donate_argnums=(0, 1, 2))
             )
         rows = None if axes is None else (slices[-1].abstract_mesh, axes)
-        last_first, last_acc = last(stages[-1], loss_fn, m, n == 1, rows)
+        last_first, last_acc = last(stages[-1], loss_fn, m, n == 1, rows, weighted_loss)
         lname = f"stage{n - 1}:{getattr(stages[-1], '__name__', 'stage')}"
         self._last_first = jit(last_first, slice=slices[-1], name=f"{lname}.loss")
         self._last = jit(last_acc, slice=slices[-1], name=f"{lname}.loss", donate_argnums=(3, 4))
+        self._ratio = jit(_ratio, slice=slices[-1], name=f"{lname}.loss_ratio")
         self._splits: dict[int, RemoteFunction] = {}
         self._opt_init = [
             jit(optimizer.init, slice=vs, name=f"stage{s}.opt_init") for s, vs in enumerate(slices)
@@ -263,6 +268,7 @@ class Pipeline:
                 ("extra_warmup", self.extra_warmup, 0),
                 ("clip_grad_norm", self.clip_grad_norm, None),
                 ("skip_nonfinite", self.skip_nonfinite, False),
+                ("weighted_loss", self.weighted_loss, False),
             )
             if v != default
         )
@@ -450,11 +456,17 @@ class Pipeline:
         # Clipping to the global norm, or skipping a step whose gradients are not all
         # finite, needs every stage's share: each update takes all of them (scalars,
         # moved host to host), so no update starts before the last backward has run.
+        weight: tuple[Any, ...] = ()
+        if self.weighted_loss:
+            # The microbatches' loss sums and weights, added up: every stage's gradient
+            # sum is divided by the total weight in its update.
+            total, w = loss
+            loss, weight = self._ratio(total, w), (w,)
         whole = self.clip_grad_norm is not None or self.skip_nonfinite
-        shares = [self._shares[s](acc[s]) for s in range(n)] if whole else []
+        shares = [self._shares[s](acc[s], *weight) for s in range(n)] if whole else []
         new_params, new_states = [], []
         for s in range(n):
-            p, st = self._update[s](params[s], opt_state[s], acc[s], shares)
+            p, st = self._update[s](params[s], opt_state[s], acc[s], shares, *weight)
             new_params.append(p)
             new_states.append(st)
         return new_params, new_states, loss
@@ -511,6 +523,10 @@ class Pipeline:
         }
 
 
+def _ratio(total: Any, weight: Any) -> Any:
+    return total / weight
+
+
 def _union(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
@@ -534,6 +550,7 @@ def pipeline(
     extra_warmup: int = 0,
     clip_grad_norm: float | None = None,
     skip_nonfinite: bool = False,
+    weighted_loss: bool = False,
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -570,13 +587,21 @@ def pipeline(
     A transformation that looks across the whole gradient tree would see one stage's
     share of it, so ``optax.clip_by_global_norm`` and ``optax.apply_if_finite`` are
     refused, as are optimizers whose step comes from norms or inner products over all
-    the parameters (L-BFGS, DoG, Prodigy, D-Adaptation, Mechanic, Polyak's step size). ``clip_grad_norm`` clips the gradients of all stages together to that
-    global norm before the optimizer, as ``optax.chain(optax.clip_by_global_norm(c),
-    optimizer)`` does for one model; ``skip_nonfinite=True`` leaves every stage's
-    parameters and optimizer state as they were in a step where any stage's gradients
-    are not all finite (NaN or inf), as ``optax.apply_if_finite`` skips such a step
-    (without its count of consecutive skips). Each stage's share, two scalars, goes to
-    the others host to host.
+    the parameters (L-BFGS, DoG, Prodigy, D-Adaptation, Mechanic, Polyak's step size).
+    ``clip_grad_norm`` clips the gradients of all stages together to that global norm
+    before the optimizer, as ``optax.chain(optax.clip_by_global_norm(c), optimizer)``
+    does for one model; ``skip_nonfinite=True`` leaves every stage's parameters and
+    optimizer state as they were in a step where any stage's gradients are not all
+    finite (NaN or inf), as ``optax.apply_if_finite`` skips such a step (without its
+    count of consecutive skips). Each stage's share, two scalars, goes to the others
+    host to host.
+
+    The step's loss is the mean of the microbatches' losses, which is the batch's mean
+    when every microbatch weighs the same. A loss over masked rows or tokens does not:
+    with ``weighted_loss=True``, ``loss_fn`` returns a pair (sum of the microbatch's
+    losses, their weight), e.g. ``(jnp.sum(loss * mask), jnp.sum(mask))``, and the
+    step's loss and gradients are those of the sums over the weights of the whole
+    batch, as one program over the batch computes them.
     """
     return Pipeline(
         stages,
@@ -591,4 +616,5 @@ def pipeline(
         extra_warmup,
         clip_grad_norm,
         skip_nonfinite,
+        weighted_loss,
     )

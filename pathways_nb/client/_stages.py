@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 
@@ -138,9 +139,15 @@ def last(
     m: float,
     only: bool,
     rows: tuple[AbstractMesh, Any] | None = None,
+    weighted: bool = False,
 ) -> tuple[Any, Any]:
     """The last stage: forward, loss (divided by the microbatch count, so gradients
     add up to the batch mean) and backward in one program.
+
+    With ``weighted`` the loss is a pair (sum of the microbatch's losses, their weight):
+    the program differentiates the sum alone and the step adds both up, pair by pair;
+    the update divides the gradients by the total weight (``update``'s ``weight``), as
+    the gradient of sum/weight over the whole batch is.
 
     With ``rows`` (a mesh and the axes dimension 0 is split over) the stage runs on each
     device's own rows and its parameter gradients come back as per-device sums, one row
@@ -157,9 +164,17 @@ def last(
             stage, at = _on_own_rows(fn, *rows), _per_device_copies(p, *rows)
 
         def objective(pp: Any, xx: Any) -> Any:
-            return _scalar_loss(loss_fn(stage(pp, xx), y)) / m
+            out = loss_fn(stage(pp, xx), y)
+            if weighted:
+                total, weight = _weighted_loss(out)
+                return total, weight
+            return _scalar_loss(out) / m
 
-        loss, (gp, gx) = jax.value_and_grad(objective, argnums=(0, 1))(at, x)
+        grads = jax.value_and_grad(objective, argnums=(0, 1), has_aux=weighted)
+        if weighted:
+            (total, weight), (gp, gx) = grads(at, x)
+            return (total, weight), gp, gx
+        loss, (gp, gx) = grads(at, x)
         return loss, gp, gx
 
     def first(p: Any, x: Any, y: Any) -> Any:
@@ -168,7 +183,7 @@ def last(
 
     def acc(p: Any, x: Any, y: Any, a: Any, total: Any) -> Any:
         loss, gp, gx = value_and_grads(p, x, y)
-        return total + loss, _added(a, gp), (None if only else gx)
+        return _added(total, loss), _added(a, gp), (None if only else gx)
 
     return first, acc
 
@@ -176,16 +191,44 @@ def last(
 def _scalar_loss(value: Any) -> Any:
     """The loss, refused unless it is a float scalar (jax.grad's rule for what it
     differentiates), with what the pipeline takes instead."""
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape == () and dtype is not None and jnp.issubdtype(dtype, jnp.inexact):
+    if _is_float_scalar(value):
         return value
-    got = f"{dtype}{list(shape)}" if shape is not None else type(value).__name__
     raise TypeError(
         f"loss_fn(output, y) returns the microbatch's loss as a float scalar (its mean over "
-        f"the rows); it returned {got}. A vector of losses wants a mean; (loss, metrics) "
-        "is not carried through the pipeline: return the loss alone and compute the "
-        "metrics with a pw.jit of their own"
+        f"the rows); it returned {_described(value)}. A vector of losses wants a mean; "
+        "(loss, metrics) is not carried through the pipeline: return the loss alone and "
+        "compute the metrics with a pw.jit of their own"
     )
+
+
+def _weighted_loss(value: Any) -> tuple[Any, Any]:
+    """A weighted loss (sum, weight), refused unless it is a float scalar and a scalar;
+    the weight is data (a count of rows or tokens), so no gradient flows through it."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        total, weight = value
+        if _is_float_scalar(total) and np.shape(weight) == ():
+            return total, jax.lax.stop_gradient(jnp.asarray(weight, dtype=total.dtype))
+    raise TypeError(
+        "with weighted_loss=True, loss_fn(output, y) returns a pair (sum of the "
+        "microbatch's losses, their weight) of scalars, e.g. (jnp.sum(loss * mask), "
+        f"jnp.sum(mask)); it returned {_described(value)}"
+    )
+
+
+def _is_float_scalar(value: Any) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return (
+        getattr(value, "shape", None) == ()
+        and dtype is not None
+        and jnp.issubdtype(dtype, jnp.inexact)
+    )
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return f"({', '.join(_described(v) for v in value)})"
+    shape = getattr(value, "shape", None)
+    return type(value).__name__ if shape is None else f"{value.dtype}{list(shape)}"
 
 
 def _on_own_rows(fn: Callable[[Any, Any], Any], mesh: AbstractMesh, axes: Any) -> Any:
@@ -222,9 +265,11 @@ def update(
     clips one model's; with ``skip_nonfinite`` it keeps the parameters and optimizer
     state as they were when any stage's gradients are not all finite."""
 
-    def update(p: Any, st: Any, g: Any, shares: Any = ()) -> tuple[Any, Any]:
+    def update(p: Any, st: Any, g: Any, shares: Any = (), weight: Any = None) -> tuple[Any, Any]:
         import optax
 
+        if weight is not None:
+            g = _divided(g, weight)
         if clip_norm is not None:
             g = _clipped(g, [sq for sq, _ in shares], clip_norm)
         updates, new_st = optimizer.update(g, st, p)
@@ -244,11 +289,13 @@ def gradient_share(mesh: AbstractMesh | None = None) -> Callable[[Any], Any]:
     per-device sums (``per_device``), added up first as the update adds them
     (``reduce_then``)."""
 
-    def share(g: Any) -> Any:
+    def share(g: Any, weight: Any = None) -> Any:
         import optax
 
         if mesh is not None:
             g = _reduced(g, mesh)
+        if weight is not None:
+            g = _divided(g, weight)
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(g)]))
         return optax.tree.norm(g, squared=True), finite
 
@@ -262,6 +309,10 @@ def _clipped(g: Any, squared_norms: list[Any], max_norm: float) -> Any:
     return jax.tree.map(
         lambda t: jax.lax.select(keep, t, (t / g_norm.astype(t.dtype)) * max_norm), g
     )
+
+
+def _divided(g: Any, weight: Any) -> Any:
+    return jax.tree.map(lambda t: t / weight.astype(t.dtype), g)
 
 
 def _kept_unless(take_new: Any, new: Any, old: Any) -> Any:
