@@ -453,15 +453,15 @@ class Pipeline:
                     acc[s], grads_in[(s - 1, i)] = out
                 else:
                     acc[s] = out
-        # Clipping to the global norm, or skipping a step whose gradients are not all
-        # finite, needs every stage's share: each update takes all of them (scalars,
-        # moved host to host), so no update starts before the last backward has run.
         weight: tuple[Any, ...] = ()
         if self.weighted_loss:
             # The microbatches' loss sums and weights, added up: every stage's gradient
             # sum is divided by the total weight in its update.
             total, w = loss
             loss, weight = self._ratio(total, w), (w,)
+        # Clipping to the global norm, or skipping a step whose gradients are not all
+        # finite, needs every stage's share: each update takes all of them (scalars,
+        # moved host to host), so no update starts before the last backward has run.
         whole = self.clip_grad_norm is not None or self.skip_nonfinite
         shares = [self._shares[s](acc[s], *weight) for s in range(n)] if whole else []
         new_params, new_states = [], []
