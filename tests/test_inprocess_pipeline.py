@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import pathways_nb as pw
-from pathways_nb.client._pipeline import (
+from pathways_nb.client._schedules import (
     Op,
     scheduled_bubble,
     stage_orders,
@@ -351,6 +351,105 @@ def test_a_weighted_loss_trains_like_the_whole_batchs_masked_mean_in_plain_jax(
     p2, s2 = plain.init(_params(SIZES))
     _, _, first = plain(p2, s2, x, (y, mask))
     assert abs(float(first) - want[0]) > 1e-3 * want[0]
+
+
+def _embed(p: dict, x: jax.Array) -> jax.Array:
+    return jnp.tanh(x @ p["t"].T + p["b"])
+
+
+def _unembed(p: dict, x: jax.Array) -> jax.Array:
+    return x @ p["t"] + p["b"]
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_parameters_tied_across_stages_train_as_one_parameter_in_plain_jax(
+    slices: list[pw.VirtualSlice], clip: float | None
+) -> None:
+    """An embedding in the first stage reused as the last stage's output projection:
+    each stage keeps a copy, and the copies train as the one parameter does in one
+    program (and count once in the global gradient norm)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    y = rng.standard_normal((64, 8)).astype(np.float32)
+    table = (rng.standard_normal((32, 8)) / 4).astype(np.float32)
+    mid = _params([32, 32, 32])
+    params = [
+        {"t": table, "b": np.zeros(32, np.float32)},
+        *mid,
+        {"t": np.zeros_like(table), "b": np.zeros(8, np.float32)},  # started from params[0]'s
+    ]
+    stages = [_embed, layer, layer, _unembed]
+    opt = optax.adam(1e-2)
+    step = pw.pipeline(
+        stages,
+        slices,
+        mse,
+        opt,
+        microbatches=4,
+        clip_grad_norm=clip,
+        tied=[((0, "t"), (3, "t"))],
+    )
+    assert "tied=[\"params[0]['t'] = params[3]['t']\"]" in repr(step)
+    p, st = step.init(params)
+    losses = []
+    for _ in range(4):
+        p, st, loss = step(p, st, x, y)
+        losses.append(loss)
+    got = [float(v) for v in pw.fetch(losses)]
+
+    def whole(q: dict) -> jax.Array:
+        h = _embed({"t": q["t"], "b": q["b0"]}, jnp.asarray(x))
+        h = layer(q["m0"], h)
+        h = layer(q["m1"], h)
+        return mse(_unembed({"t": q["t"], "b": q["b3"]}, h), y)
+
+    ref = optax.chain(optax.clip_by_global_norm(clip), opt) if clip else opt
+    q = jax.tree.map(
+        jnp.asarray,
+        {"t": table, "b0": params[0]["b"], "m0": mid[0], "m1": mid[1], "b3": params[3]["b"]},
+    )
+    rs = ref.init(q)
+    want = []
+    for _ in range(4):
+        v, g = jax.value_and_grad(whole)(q)
+        upd, rs = ref.update(g, rs, q)
+        q = optax.apply_updates(q, upd)
+        want.append(float(v))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+    first, last_copy = np.asarray(p[0]["t"]), np.asarray(p[3]["t"])
+    np.testing.assert_array_equal(first, last_copy)  # the copies stayed one parameter
+    np.testing.assert_allclose(first, np.asarray(q["t"]), rtol=2e-5, atol=1e-6)
+
+
+def test_tied_parameter_mistakes_are_named(slices: list[pw.VirtualSlice]) -> None:
+    stages = [layer, layer, layer, head]
+    opt = optax.sgd(0.1)
+    with pytest.raises(TypeError, match="tied is a list of groups"):
+        pw.pipeline(stages, slices, mse, opt, tied="w")
+    with pytest.raises(ValueError, match=r"tied\[0\] must name two or more leaves"):
+        pw.pipeline(stages, slices, mse, opt, tied=[((0, "w"),)])
+    with pytest.raises(ValueError, match="stage 7 is not one of the 4 stages"):
+        pw.pipeline(stages, slices, mse, opt, tied=[((0, "w"), (7, "w"))])
+    with pytest.raises(ValueError, match="ties two leaves of one stage"):
+        pw.pipeline(stages, slices, mse, opt, tied=[((1, "w"), (1, "b"))])
+    with pytest.raises(ValueError, match="tied parameters take reduce_grads='microbatch'"):
+        pw.pipeline(
+            stages,
+            slices,
+            mse,
+            opt,
+            batch_spec=PartitionSpec("data"),
+            reduce_grads="step",
+            tied=[((1, "w"), (2, "w"))],
+        )
+    step = pw.pipeline(stages, slices, mse, opt, tied=[((0, "w"), (3, "w"))])
+    with pytest.raises(
+        ValueError, match=r"one shape and dtype.*float32\[8, 32\].*float32\[32, 4\]"
+    ):
+        step.init(_params(SIZES))
+    step = pw.pipeline(stages, slices, mse, opt, tied=[((1, "w"), (2, "kernel"))])
+    with pytest.raises(ValueError, match=r"params\[2\] has no leaf at \['kernel'\]"):
+        step.init(_params(SIZES))
 
 
 def test_an_optimizer_that_needs_every_stages_gradients_is_refused(

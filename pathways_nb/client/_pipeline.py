@@ -15,7 +15,6 @@ its stage's programs in schedule order and the stages overlap on their own.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,12 @@ from pathways_nb.client._pipeline_checks import (
 )
 from pathways_nb.client._programs import _moved_spec
 from pathways_nb.client._remote import RemoteArray
+from pathways_nb.client._schedules import (
+    scheduled_bubble,
+    stage_orders,
+    submission_order,
+    theoretical_bubble,
+)
 from pathways_nb.client._stages import (
     backward,
     backward_from_residuals,
@@ -45,128 +50,20 @@ from pathways_nb.client._stages import (
     update,
     with_residuals,
 )
+from pathways_nb.client._ties import (
+    check_ties,
+    followers,
+    leaf_at,
+    parse_ties,
+    started_alike,
+    tied_sum,
+    with_leaf,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from pathways_nb.client._slice import VirtualSlice
-
-SCHEDULES = ("gpipe", "1f1b")
-
-
-@dataclasses.dataclass(frozen=True)
-class Op:
-    """One step of a schedule: ``kind`` F (forward), B (backward) or L (the last stage's
-    fused forward, loss and backward) of ``microbatch`` on ``stage``."""
-
-    kind: str
-    stage: int
-    microbatch: int
-
-
-def stage_orders(
-    stages: int, microbatches: int, schedule: str, extra_warmup: int = 0
-) -> list[list[Op]]:
-    """What each stage runs, in order, under ``schedule``.
-
-    Under 1F1B, stage ``s`` runs ``S-1-s`` forwards before its first backward, plus
-    ``extra_warmup`` (see :func:`pipeline`), at most all of them.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}; got {schedule!r}")
-    if stages < 1 or microbatches < 1:
-        raise ValueError(
-            f"a pipeline needs at least one stage and one microbatch; got {stages} stages "
-            f"and {microbatches} microbatches"
-        )
-    if isinstance(extra_warmup, bool) or not isinstance(extra_warmup, int) or extra_warmup < 0:
-        raise ValueError(f"extra_warmup is a count of forwards, an int >= 0; got {extra_warmup!r}")
-    if extra_warmup and schedule != "1f1b":
-        raise ValueError(
-            f"extra_warmup applies to the 1f1b schedule; {schedule!r} runs every forward "
-            "before any backward already: leave extra_warmup at 0"
-        )
-    last, m_all = stages - 1, range(microbatches)
-    orders = []
-    for s in range(last):
-        if schedule == "gpipe":
-            order = [Op("F", s, m) for m in m_all] + [Op("B", s, m) for m in m_all]
-        else:
-            warm = min(last - s + extra_warmup, microbatches)
-            order = [Op("F", s, m) for m in range(warm)]
-            for m in range(microbatches - warm):
-                order += [Op("F", s, warm + m), Op("B", s, m)]
-            order += [Op("B", s, m) for m in range(microbatches - warm, microbatches)]
-        orders.append(order)
-    orders.append([Op("L", last, m) for m in m_all])
-    return orders
-
-
-def _depends_on(op: Op, last: int) -> Op | None:
-    """The one step whose output ``op`` takes (None for the first stage's forwards):
-    a forward the previous stage's forward, the last stage that stage's forward, a
-    backward the next stage's backward (or the last stage's fused step)."""
-    if op.kind == "F":
-        return Op("F", op.stage - 1, op.microbatch) if op.stage else None
-    if op.kind == "L":
-        return Op("F", last - 1, op.microbatch) if last else None
-    return Op("L" if op.stage + 1 == last else "B", op.stage + 1, op.microbatch)
-
-
-def submission_order(orders: list[list[Op]]) -> list[Op]:
-    """One global order that keeps every stage's order and every data dependency."""
-    last = len(orders) - 1
-    done: set[Op] = set()
-
-    def ready(op: Op) -> bool:
-        dep = _depends_on(op, last)
-        return dep is None or dep in done
-
-    out: list[Op] = []
-    pos = [0] * len(orders)
-    total = sum(len(o) for o in orders)
-    while len(out) < total:
-        progressed = False
-        for s, order in enumerate(orders):
-            while pos[s] < len(order) and ready(order[pos[s]]):
-                out.append(order[pos[s]])
-                done.add(order[pos[s]])
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            raise ValueError("the stage orders cannot be merged: a stage waits on itself")
-    return out
-
-
-def theoretical_bubble(stages: int, microbatches: int) -> float:
-    """The idle fraction of an ideal GPipe or 1F1B schedule: (S-1) / (M+S-1)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
-def scheduled_bubble(
-    orders: list[list[Op]], seconds: dict[tuple[int, str], float], hop: float = 0.0
-) -> float:
-    """The mean idle fraction of the stages when ``orders`` runs with each program taking
-    ``seconds[(stage, kind)]`` and each activation or gradient taking ``hop`` seconds
-    from one stage to the next.
-
-    The formula of :func:`theoretical_bubble` holds for stages of equal cost and hops
-    that take no time; with ``hop=0`` this is what the schedule allows for stages as
-    they are, so the difference between it and a measured bubble is what the hops and
-    dispatch between stages cost.
-    """
-    last = len(orders) - 1
-    end: dict[Op, float] = {}
-    free = [0.0] * len(orders)
-    for op in submission_order(orders):
-        dep = _depends_on(op, last)
-        start = max(free[op.stage], end[dep] + hop if dep is not None else 0.0)
-        end[op] = free[op.stage] = start + seconds[(op.stage, op.kind)]
-    span = max(free)
-    if span <= 0:
-        return 0.0
-    busy = [sum(seconds[(op.stage, op.kind)] for op in order) for order in orders]
-    return sum(1.0 - b / span for b in busy) / len(orders)
 
 
 class Pipeline:
@@ -193,6 +90,7 @@ class Pipeline:
         clip_grad_norm: float | None = None,
         skip_nonfinite: bool = False,
         weighted_loss: bool = False,
+        tied: Any = None,
     ) -> None:
         check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
         clip_grad_norm = check_clip(clip_grad_norm, skip_nonfinite)
@@ -211,6 +109,12 @@ class Pipeline:
         if not isinstance(weighted_loss, bool):
             raise TypeError(f"weighted_loss is True or False; got {weighted_loss!r}")
         self.weighted_loss = weighted_loss
+        self.tied = parse_ties(tied, len(stages))
+        if self.tied and reduce_grads == "step":
+            raise ValueError(
+                "tied parameters take reduce_grads='microbatch': their gradients are added "
+                "up across stages once each stage has reduced its own"
+            )
         self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)
         self.order = submission_order(self._orders)
         n = len(stages)
@@ -220,6 +124,7 @@ class Pipeline:
         self._bwd: list[RemoteFunction] = []
         self._update: list[RemoteFunction] = []
         self._shares: list[RemoteFunction] = []
+        self._tied_sums: list[RemoteFunction] = []
         axes = row_axes(batch_spec, reduce_grads)
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
@@ -234,13 +139,14 @@ class Pipeline:
                 first, acc = backward_from_residuals(fn, s == 0)
                 donate = 5
             apply = update(optimizer, clip_grad_norm, skip_nonfinite)
-            share = gradient_share()
+            share = gradient_share(uncounted=followers(self.tied, s))
             if axes is not None:
                 mesh = vs.abstract_mesh
                 forward, first, acc = per_device(forward, first, acc, remat, s == 0, mesh, axes)
                 apply = reduce_then(apply, mesh)
                 share = gradient_share(mesh)
             self._shares.append(jit(share, slice=vs, name=f"{name}.grad_share"))
+            self._tied_sums.append(jit(tied_sum, slice=vs, name=f"{name}.tied_grad"))
             self._fwd.append(jit(forward, slice=vs, name=f"{name}.fwd"))
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
             self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
@@ -269,6 +175,7 @@ class Pipeline:
                 ("clip_grad_norm", self.clip_grad_norm, None),
                 ("skip_nonfinite", self.skip_nonfinite, False),
                 ("weighted_loss", self.weighted_loss, False),
+                ("tied", [str(t) for t in self.tied], []),
             )
             if v != default
         )
@@ -291,6 +198,8 @@ class Pipeline:
         )
         check_own_arrays(params)
         check_trainable(params)
+        check_ties(self.tied, params)
+        params = started_alike(self.tied, params)
 
         def place(v: Any, vs: VirtualSlice) -> Any:
             if not isinstance(v, RemoteArray):
@@ -390,6 +299,7 @@ class Pipeline:
         check_per_stage("opt_state", opt_state, n, hint)
         check_own_arrays(params)
         check_trainable(params)
+        check_ties(self.tied, params)
         nx, ny = self._rows(x, "x"), self._rows(y, "y")
         if nx != ny:
             raise ValueError(
@@ -453,6 +363,16 @@ class Pipeline:
                     acc[s], grads_in[(s - 1, i)] = out
                 else:
                     acc[s] = out
+        for tie in self.tied:
+            # Every copy's gradient is the sum of all of theirs, each read before any is
+            # replaced: the copies take one update and stay equal.
+            grads = [leaf_at(acc[s], path) for s, path in tie.members]
+            sums = [
+                self._tied_sums[s](grads[k], *(g for j, g in enumerate(grads) if j != k))
+                for k, (s, _) in enumerate(tie.members)
+            ]
+            for (s, path), total_grad in zip(tie.members, sums, strict=True):
+                acc[s] = with_leaf(acc[s], path, total_grad)
         weight: tuple[Any, ...] = ()
         if self.weighted_loss:
             # The microbatches' loss sums and weights, added up: every stage's gradient
@@ -551,6 +471,7 @@ def pipeline(
     clip_grad_norm: float | None = None,
     skip_nonfinite: bool = False,
     weighted_loss: bool = False,
+    tied: Any = None,
 ) -> Pipeline:
     """A pipelined training step over ``slices``, one stage per slice.
 
@@ -602,6 +523,13 @@ def pipeline(
     losses, their weight), e.g. ``(jnp.sum(loss * mask), jnp.sum(mask))``, and the
     step's loss and gradients are those of the sums over the weights of the whole
     batch, as one program over the batch computes them.
+
+    ``tied`` ties leaves of different stages' parameters into one parameter, as an
+    input embedding reused as the output projection: ``tied=[((0, "embed"), (3,
+    "embed"))]``, each leaf named by its stage and the keys to it. Each stage keeps a
+    copy, ``init`` starts every copy from the group's first one, and every step adds
+    the copies' gradients up (moved host to host) before the updates, so they take one
+    update and stay equal, as one parameter used twice in one program does.
     """
     return Pipeline(
         stages,
@@ -617,4 +545,5 @@ def pipeline(
         clip_grad_norm,
         skip_nonfinite,
         weighted_loss,
+        tied,
     )

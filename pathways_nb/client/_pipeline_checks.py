@@ -36,8 +36,8 @@ def check_own_arrays(params: Sequence[Any]) -> None:
                 raise ValueError(
                     f"{first} and {where} are one RemoteArray; each stage's update donates "
                     "its parameters, so every parameter must be an array of its own. Pass a "
-                    "copy (vs.put(x) on the stage's slice, or copy.deepcopy); parameters "
-                    "tied across stages are not shared by a pipeline"
+                    "copy (vs.put(x) on the stage's slice, or copy.deepcopy); a parameter "
+                    "that two stages share is a copy on each, named in pw.pipeline(tied=...)"
                 )
 
 

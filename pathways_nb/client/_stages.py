@@ -17,13 +17,15 @@ explicitly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+from pathways_nb.client._ties import Path, leaf_at, with_leaf
 
 
 def _added(a: Any, b: Any) -> Any:
@@ -283,11 +285,14 @@ def update(
     return update
 
 
-def gradient_share(mesh: AbstractMesh | None = None) -> Callable[[Any], Any]:
+def gradient_share(
+    mesh: AbstractMesh | None = None, uncounted: Sequence[Path] = ()
+) -> Callable[..., Any]:
     """What a stage tells the others of its gradient sum: its squared L2 norm, as
     ``optax.tree.norm`` takes it, and whether every entry is finite; with ``mesh``, of
     per-device sums (``per_device``), added up first as the update adds them
-    (``reduce_then``)."""
+    (``reduce_then``). The leaves at ``uncounted`` (tied leaves another stage counts)
+    are left out of the norm."""
 
     def share(g: Any, weight: Any = None) -> Any:
         import optax
@@ -297,6 +302,8 @@ def gradient_share(mesh: AbstractMesh | None = None) -> Callable[[Any], Any]:
         if weight is not None:
             g = _divided(g, weight)
         finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(g)]))
+        for path in uncounted:
+            g = with_leaf(g, path, jnp.zeros_like(leaf_at(g, path)))
         return optax.tree.norm(g, squared=True), finite
 
     return share
