@@ -80,6 +80,20 @@ def _reference(
     return out
 
 
+def _trained(objective: Any, params: Any, opt: Any, steps: int) -> tuple[list[float], Any]:
+    """Plain JAX: ``steps`` steps of ``opt`` on ``objective(params)``, in one program
+    over the whole batch; every step's loss and the final parameters."""
+    ps = jax.tree.map(jnp.asarray, params)
+    st = opt.init(ps)
+    losses = []
+    for _ in range(steps):
+        v, g = jax.value_and_grad(objective)(ps)
+        upd, st = opt.update(g, st, ps)
+        ps = optax.apply_updates(ps, upd)
+        losses.append(float(v))
+    return losses, ps
+
+
 SIZES = [8, 32, 32, 32, 4]
 
 
@@ -323,14 +337,7 @@ def test_a_weighted_loss_trains_like_the_whole_batchs_masked_mean_in_plain_jax(
         return jnp.sum(per_row(h, y) * mask) / jnp.sum(mask)
 
     ref = optax.chain(optax.clip_by_global_norm(clip), opt) if clip else opt
-    ps = jax.tree.map(jnp.asarray, _params(SIZES))
-    st = ref.init(ps)
-    want = []
-    for _ in range(4):
-        v, g = jax.value_and_grad(whole)(ps)
-        upd, st = ref.update(g, st, ps)
-        ps = optax.apply_updates(ps, upd)
-        want.append(float(v))
+    want, _ = _trained(whole, _params(SIZES), ref, 4)
     np.testing.assert_allclose(got_f, want, rtol=2e-5, atol=1e-6)
 
     # Without it, the step's loss is the mean of the microbatches' masked means: another
@@ -404,17 +411,8 @@ def test_parameters_tied_across_stages_train_as_one_parameter_in_plain_jax(
         return mse(_unembed({"t": q["t"], "b": q["b3"]}, h), y)
 
     ref = optax.chain(optax.clip_by_global_norm(clip), opt) if clip else opt
-    q = jax.tree.map(
-        jnp.asarray,
-        {"t": table, "b0": params[0]["b"], "m0": mid[0], "m1": mid[1], "b3": params[3]["b"]},
-    )
-    rs = ref.init(q)
-    want = []
-    for _ in range(4):
-        v, g = jax.value_and_grad(whole)(q)
-        upd, rs = ref.update(g, rs, q)
-        q = optax.apply_updates(q, upd)
-        want.append(float(v))
+    one = {"t": table, "b0": params[0]["b"], "m0": mid[0], "m1": mid[1], "b3": params[3]["b"]}
+    want, q = _trained(whole, one, ref, 4)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
     first, last_copy = np.asarray(p[0]["t"]), np.asarray(p[3]["t"])
     np.testing.assert_array_equal(first, last_copy)  # the copies stayed one parameter
