@@ -104,10 +104,12 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _train(step: pw.Pipeline, x: object, y: object, steps: int) -> tuple[list, list[float]]:
-    """``steps`` steps from the parameters of ``_params(SIZES)``: the final parameters
-    and every step's loss."""
-    params, state = step.init(_params(SIZES))
+def _train(
+    step: pw.Pipeline, x: object, y: object, steps: int, start: list | None = None
+) -> tuple[list, list[float]]:
+    """``steps`` steps from ``start`` (the parameters of ``_params(SIZES)`` if None):
+    the final parameters and every step's loss."""
+    params, state = step.init(start if start is not None else _params(SIZES))
     losses = []
     for _ in range(steps):
         params, state, loss = step(params, state, x, y)
@@ -232,12 +234,7 @@ def test_a_step_with_a_nonfinite_gradient_on_one_stage_is_skipped_on_every_stage
     x, y = _batch()
     step = pw.pipeline(stages, slices, mse, optax.adam(1e-2), microbatches=4, skip_nonfinite=True)
     assert "skip_nonfinite=True" in repr(step)
-    p, st = step.init(params)
-    losses = []
-    for _ in range(3):
-        p, st, loss = step(p, st, x, y)
-        losses.append(loss)
-    got = [float(v) for v in pw.fetch(losses)]
+    p, got = _train(step, x, y, 3, params)
     whole = optax.apply_if_finite(optax.adam(1e-2), 10)
     np.testing.assert_allclose(got, _reference(params, x, y, 3, whole, stages), rtol=1e-6)
     assert len(set(got)) == 1  # no stage moved
@@ -312,23 +309,20 @@ def test_a_weighted_loss_trains_like_the_whole_batchs_masked_mean_in_plain_jax(
         return jnp.sum(per_row(o, t) * m), jnp.sum(m)
 
     opt = optax.sgd(0.5)
-    step = pw.pipeline(
-        [layer, layer, layer, head],
-        slices,
-        weighted,
-        opt,
-        microbatches=4,
-        batch_spec=PartitionSpec("data"),
-        reduce_grads=reduce_grads,
-        clip_grad_norm=clip,
-        weighted_loss=True,
-    )
-    params, state = step.init(_params(SIZES))
-    got = []
-    for _ in range(4):
-        params, state, loss = step(params, state, x, (y, mask))
-        got.append(loss)
-    got_f = [float(v) for v in pw.fetch(got)]
+
+    def made(loss: Any, **options: Any) -> pw.Pipeline:
+        return pw.pipeline(
+            [layer, layer, layer, head],
+            slices,
+            loss,
+            opt,
+            microbatches=4,
+            batch_spec=PartitionSpec("data"),
+            reduce_grads=reduce_grads,
+            **options,
+        )
+
+    _, got = _train(made(weighted, clip_grad_norm=clip, weighted_loss=True), x, (y, mask), 4)
 
     def whole(ps: list[dict]) -> jax.Array:
         h = jnp.asarray(x)
@@ -338,7 +332,7 @@ def test_a_weighted_loss_trains_like_the_whole_batchs_masked_mean_in_plain_jax(
 
     ref = optax.chain(optax.clip_by_global_norm(clip), opt) if clip else opt
     want, _ = _trained(whole, _params(SIZES), ref, 4)
-    np.testing.assert_allclose(got_f, want, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
     # Without it, the step's loss is the mean of the microbatches' masked means: another
     # number, for masks that hold different counts.
@@ -346,18 +340,8 @@ def test_a_weighted_loss_trains_like_the_whole_batchs_masked_mean_in_plain_jax(
         total, count = weighted(o, ym)
         return total / count
 
-    plain = pw.pipeline(
-        [layer, layer, layer, head],
-        slices,
-        masked_mean,
-        opt,
-        microbatches=4,
-        batch_spec=PartitionSpec("data"),
-        reduce_grads=reduce_grads,
-    )
-    p2, s2 = plain.init(_params(SIZES))
-    _, _, first = plain(p2, s2, x, (y, mask))
-    assert abs(float(first) - want[0]) > 1e-3 * want[0]
+    _, first = _train(made(masked_mean), x, (y, mask), 1)
+    assert abs(first[0] - want[0]) > 1e-3 * want[0]
 
 
 def _embed(p: dict, x: jax.Array) -> jax.Array:
@@ -397,12 +381,7 @@ def test_parameters_tied_across_stages_train_as_one_parameter_in_plain_jax(
         tied=[((0, "t"), (3, "t"))],
     )
     assert "tied=[\"params[0]['t'] = params[3]['t']\"]" in repr(step)
-    p, st = step.init(params)
-    losses = []
-    for _ in range(4):
-        p, st, loss = step(p, st, x, y)
-        losses.append(loss)
-    got = [float(v) for v in pw.fetch(losses)]
+    p, got = _train(step, x, y, 4, params)
 
     def whole(q: dict) -> jax.Array:
         h = _embed({"t": q["t"], "b": q["b0"]}, jnp.asarray(x))

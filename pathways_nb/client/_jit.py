@@ -15,8 +15,8 @@ from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError, encode_spec
+from pathways_nb.client._aot import Traced
 from pathways_nb.client._argnums import argnums_and_names
-from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 
@@ -486,55 +486,6 @@ def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:
     for spec, sub in zip(specs, subtrees, strict=True):
         out.extend([_spec_of(spec)] * len(jax.tree.leaves(sub)))
     return out
-
-
-class _Stage:
-    """One of JAX's ahead-of-time stages of a pw.jit function, for the slice's abstract
-    mesh: JAX's own object answers every attribute this one does not define."""
-
-    _stage = ""
-
-    def __init__(self, name: str, inner: Any) -> None:
-        self._name = name
-        self._inner = inner
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._inner, attr)
-
-    def __repr__(self) -> str:
-        return f"<pw.jit {self._name} {self._stage}: {self._inner!r}>"
-
-
-class Traced(_Stage):
-    """What ``jax.jit(...).trace`` gives (``jaxpr``, ``out_info``, ...), traced for the
-    slice's abstract mesh; :meth:`lower` lowers it for the slice's platform."""
-
-    _stage = "traced"
-
-    def __init__(self, name: str, traced: Any, platform: str) -> None:
-        super().__init__(name, traced)
-        self._platform = platform
-
-    def lower(self) -> Lowered:
-        with interrupts_held():
-            lowered = self._inner.lower(lowering_platforms=(self._platform,))
-        return Lowered(self._name, lowered)
-
-
-class Lowered(_Stage):
-    """What ``jax.jit(...).lower`` gives (``as_text()``, ``compiler_ir()``,
-    ``cost_analysis()``, ...), lowered for the slice's abstract mesh. It is compiled
-    on the slice's host, once per device assignment, at the first call: the client
-    has no devices to compile for."""
-
-    _stage = "lowered"
-
-    def compile(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            f"{self._name} compiles on its slice's host, not in the client (which has no "
-            "devices for the slice's mesh): call the function to run it there, or read "
-            "this lowering with as_text(), compiler_ir() or cost_analysis()"
-        )
 
 
 def _aval_text(a: jax.ShapeDtypeStruct) -> str:
