@@ -52,11 +52,13 @@ from pathways_nb.client._stages import (
 )
 from pathways_nb.client._ties import (
     check_ties,
+    device_total,
     followers,
     leaf_at,
     parse_ties,
     started_alike,
     tied_sum,
+    tied_sum_per_device,
     with_leaf,
 )
 
@@ -110,11 +112,6 @@ class Pipeline:
             raise TypeError(f"weighted_loss is True or False; got {weighted_loss!r}")
         self.weighted_loss = weighted_loss
         self.tied = parse_ties(tied, len(stages))
-        if self.tied and reduce_grads == "step":
-            raise ValueError(
-                "tied parameters take reduce_grads='microbatch': their gradients are added "
-                "up across stages once each stage has reduced its own"
-            )
         self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)
         self.order = submission_order(self._orders)
         n = len(stages)
@@ -125,6 +122,7 @@ class Pipeline:
         self._update: list[RemoteFunction] = []
         self._shares: list[RemoteFunction] = []
         self._tied_sums: list[RemoteFunction] = []
+        self._tied_totals: list[RemoteFunction] = []
         axes = row_axes(batch_spec, reduce_grads)
         for s, (fn, vs) in enumerate(zip(stages, slices, strict=True)):
             name = f"stage{s}:{getattr(fn, '__name__', 'stage')}"
@@ -139,14 +137,18 @@ class Pipeline:
                 first, acc = backward_from_residuals(fn, s == 0)
                 donate = 5
             apply = update(optimizer, clip_grad_norm, skip_nonfinite)
-            share = gradient_share(uncounted=followers(self.tied, s))
+            uncounted = followers(self.tied, s)
+            share = gradient_share(uncounted=uncounted)
+            add_tied = tied_sum
             if axes is not None:
                 mesh = vs.abstract_mesh
                 forward, first, acc = per_device(forward, first, acc, remat, s == 0, mesh, axes)
                 apply = reduce_then(apply, mesh)
-                share = gradient_share(mesh)
+                share = gradient_share(mesh, uncounted)
+                add_tied = tied_sum_per_device
             self._shares.append(jit(share, slice=vs, name=f"{name}.grad_share"))
-            self._tied_sums.append(jit(tied_sum, slice=vs, name=f"{name}.tied_grad"))
+            self._tied_sums.append(jit(add_tied, slice=vs, name=f"{name}.tied_grad"))
+            self._tied_totals.append(jit(device_total, slice=vs, name=f"{name}.tied_total"))
             self._fwd.append(jit(forward, slice=vs, name=f"{name}.fwd"))
             self._bwd_first.append(jit(first, slice=vs, name=f"{name}.bwd"))
             self._bwd.append(jit(acc, slice=vs, name=f"{name}.bwd", donate_argnums=(donate,)))
@@ -367,10 +369,14 @@ class Pipeline:
             # Every copy's gradient is the sum of all of theirs, each read before any is
             # replaced: the copies take one update and stay equal.
             grads = [leaf_at(acc[s], path) for s, path in tie.members]
-            sums = [
-                self._tied_sums[s](grads[k], *(g for j, g in enumerate(grads) if j != k))
-                for k, (s, _) in enumerate(tie.members)
-            ]
+            given = grads
+            if self.reduce_grads == "step":
+                # Per-device sums: every copy's total goes in each copy's first row (zeros
+                # in the others), and its update adds the rows up.
+                given = [
+                    self._tied_totals[s](g) for (s, _), g in zip(tie.members, grads, strict=True)
+                ]
+            sums = [self._tied_sums[s](grads[k], *given) for k, (s, _) in enumerate(tie.members)]
             for (s, path), total_grad in zip(tie.members, sums, strict=True):
                 acc[s] = with_leaf(acc[s], path, total_grad)
         weight: tuple[Any, ...] = ()

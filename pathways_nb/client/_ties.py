@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
+
 Path = tuple[Any, ...]
 
 
@@ -144,11 +146,32 @@ def followers(ties: Sequence[Tie], stage: int) -> list[Path]:
     return [p for tie in ties for s, p in tie.members[1:] if s == stage]
 
 
-def tied_sum(own: Any, *others: Any) -> Any:
-    """A tied leaf's gradient on one stage plus the other copies' (moved there)."""
-    for other in others:
-        own = own + other
-    return own
+def tied_sum(own: Any, *every: Any) -> Any:
+    """A tied leaf's gradient on one stage: the sum of every copy's (this one's among
+    them, the others moved here), added in the group's order on every stage, so that
+    every copy gets the same bits."""
+    del own  # among ``every``, in its place
+    return _in_order(every)
+
+
+def device_total(per_device: Any) -> Any:
+    """A tied leaf's per-device gradient sums (``reduce_grads="step"``: one row per
+    device) added up."""
+    return per_device.sum(0)
+
+
+def tied_sum_per_device(own: Any, *totals: Any) -> Any:
+    """A tied leaf's per-device gradient sums replaced by every copy's total
+    (``device_total``) in the first device's row and zeros in the others: the update,
+    which adds the rows up, gets the sum of all, the same bits on every stage."""
+    return jnp.zeros_like(own).at[0].set(_in_order(totals))
+
+
+def _in_order(values: Sequence[Any]) -> Any:
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total
 
 
 def _path_text(path: Path) -> str:
