@@ -26,6 +26,7 @@ from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._pipeline_checks import (
     check_arguments,
     check_clip,
+    check_flag,
     check_optimizer,
     check_own_arrays,
     check_per_stage,
@@ -95,7 +96,9 @@ class Pipeline:
         tied: Any = None,
     ) -> None:
         check_arguments(stages, slices, loss_fn, optimizer, microbatches, batch_spec, remat)
-        clip_grad_norm = check_clip(clip_grad_norm, skip_nonfinite)
+        clip_grad_norm = check_clip(clip_grad_norm)
+        check_flag("skip_nonfinite", skip_nonfinite)
+        check_flag("weighted_loss", weighted_loss)
         check_optimizer(optimizer)
         self.stages = list(stages)
         self.slices = list(slices)
@@ -108,8 +111,6 @@ class Pipeline:
         self.extra_warmup = extra_warmup
         self.clip_grad_norm = clip_grad_norm
         self.skip_nonfinite = skip_nonfinite
-        if not isinstance(weighted_loss, bool):
-            raise TypeError(f"weighted_loss is True or False; got {weighted_loss!r}")
         self.weighted_loss = weighted_loss
         self.tied = parse_ties(tied, len(stages))
         self._orders = stage_orders(len(stages), microbatches, schedule, extra_warmup)

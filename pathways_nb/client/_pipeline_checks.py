@@ -104,15 +104,17 @@ def check_arguments(
             "batch_spec is a PartitionSpec over the slices' axes for each microbatch, e.g. "
             f"PartitionSpec('data'); got {batch_spec!r}"
         )
-    if not isinstance(remat, bool):
-        raise TypeError(f"remat is True or False; got {remat!r}")
+    check_flag("remat", remat)
 
 
-def check_clip(clip_grad_norm: Any, skip_nonfinite: Any) -> float | None:
-    """``clip_grad_norm`` as a float, or None; refuse anything but a positive number,
-    and a ``skip_nonfinite`` that is not a bool."""
-    if not isinstance(skip_nonfinite, bool):
-        raise TypeError(f"skip_nonfinite is True or False; got {skip_nonfinite!r}")
+def check_flag(name: str, value: Any) -> None:
+    """Refuse an on/off option that is not a bool (1, "yes")."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} is True or False; got {value!r}")
+
+
+def check_clip(clip_grad_norm: Any) -> float | None:
+    """``clip_grad_norm`` as a float, or None; refuse anything but a positive number."""
     if clip_grad_norm is None:
         return None
     if isinstance(clip_grad_norm, bool) or not isinstance(
