@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import zmq
+
 from pathways_nb._core import Config, DataLossError, ProtocolError, Versions
 from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._records import Launch
@@ -69,7 +71,7 @@ class HostMessages:
             msg = decode(frames[1:], self.config.max_control_message)
             kind = check(msg.header, _HOST_TYPES)
         except ProtocolError as exc:
-            self._hosts.send_multipart([identity, *encode(error_header(str(exc)))])
+            self._reply_peer(identity, error_header(str(exc)))
             return
         h = msg.header
         host = self._ident_host.get(identity)
@@ -79,9 +81,7 @@ class HostMessages:
             self._register_host(identity, h)
             return
         if host is None:
-            self._hosts.send_multipart(
-                [identity, *encode(error_header("register before sending anything else"))]
-            )
+            self._reply_peer(identity, error_header("register before sending anything else"))
             return
         if kind == "acks":
             self._on_acks(host, h["items"])
@@ -98,15 +98,28 @@ class HostMessages:
                 reply["t"], reply["rid"] = "reply", crid
                 self._send_client(ident, reply)
 
+    def _reply_peer(self, identity: bytes, header: dict[str, Any]) -> bool:
+        """Answer whoever sent a message on the host socket, registered or not. A peer
+        can close between sending and hearing back (a host lost or closing with the
+        cluster still has messages in flight); that peer is past answering, so it is
+        ``False`` here, never an error in the controller's loop."""
+        try:
+            self._hosts.send_multipart([identity, *encode(header)])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            return False
+        return True
+
     def _register_host(self, identity: bytes, h: dict[str, Any]) -> None:
         try:
             versions = Versions.from_dict(h.get("versions"))
         except ValueError as exc:
-            self._hosts.send_multipart([identity, *encode({"t": "refuse", "reason": str(exc)})])
+            self._reply_peer(identity, {"t": "refuse", "reason": str(exc)})
             return
         why = self.versions.mismatch(versions, "controller", f"host {h['host']}")
         if why is not None:
-            self._hosts.send_multipart([identity, *encode({"t": "refuse", "reason": why})])
+            self._reply_peer(identity, {"t": "refuse", "reason": why})
             return
         host = h["host"]
         if host in self._host_ident and self.rm.hosts[host].alive:
@@ -129,7 +142,9 @@ class HostMessages:
         self.events.add(
             "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
         )
-        self._hosts.send_multipart([identity, *encode({"t": "welcome"})])
+        if not self._reply_peer(identity, {"t": "welcome"}):
+            self._lose_host(host, "its connection closed as it registered")
+            return
         self._remap_lost()
 
     def _remap_lost(self) -> None:
