@@ -48,10 +48,10 @@ _LAZY = {
     "VersionMismatchError": "pathways_nb._core",
 }
 
-__all__ = sorted([*_LAZY, "__version__", "viz"])
+__all__ = sorted([*_LAZY, "__version__", "data", "viz"])
 
 if TYPE_CHECKING:
-    from pathways_nb import viz
+    from pathways_nb import data, viz
     from pathways_nb._core import (
         BrokenError,
         BusyError,
@@ -100,8 +100,8 @@ def unload_ipython_extension(ip: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "viz":
-        value = importlib.import_module("pathways_nb.viz")
+    if name in ("data", "viz"):
+        value = importlib.import_module(f"pathways_nb.{name}")
         globals()[name] = value
         return value
     module = _LAZY.get(name)

@@ -106,6 +106,28 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
         assert all(f"{x.nbytes} B" in d for d in done.detail)
 
 
+def test_dask_arrays_are_computed_in_their_hosts_worker_process(local: pw.LocalCluster) -> None:
+    import dask.array as da
+
+    with pw.Client(local) as client:
+        assert client.dask_client.scheduler.address == local.scheduler_address
+        st = client.status()
+        for vs in (client.allocate({"data": 4}), client.allocate({"data": 4})):
+            pid = int(st.islands.set_index("island").process[vs.island].split(":")[-1])
+            # Each value is the process id of whoever computed its chunk.
+            pids = da.zeros((16, 2), np.int32, chunks=4).map_blocks(
+                lambda b: np.full(b.shape, os.getpid(), np.int32), dtype=np.int32
+            )
+            np.testing.assert_array_equal(vs.put(pids, P("data")).fetch(), np.full((16, 2), pid))
+            xs = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+            got = [
+                b.fetch() for b in pw.data.batches(da.from_array(xs, chunks=8), vs, batch_size=8)
+            ]
+            np.testing.assert_array_equal(np.concatenate(got), xs)
+        client.wait_all(10)
+        assert client.pending() == 0
+
+
 def test_arrays_of_every_size_cross_processes_and_come_back_read_only(
     local: pw.LocalCluster,
 ) -> None:

@@ -22,6 +22,7 @@ from pathways_nb._core import (
     encode_spec,
 )
 from pathways_nb.client import _graph
+from pathways_nb.client._dask import DaskPuts, is_dask_collection
 from pathways_nb.client._direct import DirectChannels, RequestFailed
 from pathways_nb.client._jit import _is_remote, jit
 from pathways_nb.client._prefetch import Prefetcher
@@ -37,7 +38,31 @@ _LOCAL_LID = 0
 _MANY = 512
 
 
-class ArrayIO(ProgramCalls):
+def put_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype a put of ``dtype`` stores (as ``jax.device_put``: without x64, 64-bit
+    types become their 32-bit kin; in the host's byte order); a clear error for what a
+    host cannot hold."""
+    if dtype == jax.dtypes.float0:
+        raise TypeError(
+            "put does not take float0 arrays: the gradient of an integer input holds "
+            "no values (pw.jit returns it as a NumPy float0 array, as jax.jit does). "
+            "Leave it out, or take gradients of float inputs only"
+        )
+    if not (jax.numpy.issubdtype(dtype, jax.numpy.number) or dtype == np.bool_):
+        raise TypeError(
+            f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
+            f"types included); got dtype {dtype}"
+        )
+    if jax.dtypes.itemsize_bits(dtype) < 8:
+        raise TypeError(
+            f"put does not take sub-byte dtypes such as {dtype}: a program "
+            "exported for the hosts cannot take them as arguments. Put the values "
+            "as int8 (or uint8) and convert inside the program."
+        )
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype.newbyteorder("=")))
+
+
+class ArrayIO(DaskPuts, ProgramCalls):
     """Puts, fetches and waits of a client's arrays."""
 
     _direct: DirectChannels
@@ -56,6 +81,8 @@ class ArrayIO(ProgramCalls):
         if rec is not None and rec.tracing:
             # pw.graph traces shapes: nothing is sent.
             return _weak_if_scalar(value, rec.put(vs, value, spec))
+        if is_dask_collection(value):
+            return self._put_dask(vs, value, spec)
         header: dict[str, Any] = {}
         dtype: Any
         if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
@@ -82,28 +109,10 @@ class ArrayIO(ProgramCalls):
                 ) from None
             self._check_put_fits(vs, data.nbytes)
             data = np.asarray(data, order="C")
-            if data.dtype == jax.dtypes.float0:
-                raise TypeError(
-                    "put does not take float0 arrays: the gradient of an integer input holds "
-                    "no values (pw.jit returns it as a NumPy float0 array, as jax.jit does). "
-                    "Leave it out, or take gradients of float inputs only"
-                )
-            if not (jax.numpy.issubdtype(data.dtype, jax.numpy.number) or data.dtype == np.bool_):
-                raise TypeError(
-                    f"put takes numeric or boolean arrays (bfloat16 and the other JAX "
-                    f"types included); got dtype {data.dtype}"
-                )
-            if jax.dtypes.itemsize_bits(data.dtype) < 8:
-                raise TypeError(
-                    f"put does not take sub-byte dtypes such as {data.dtype}: a program "
-                    "exported for the hosts cannot take them as arguments. Put the values "
-                    "as int8 (or uint8) and convert inside the program."
-                )
+            canonical = put_dtype(data.dtype)
             if not data.dtype.isnative:
                 # Hosts read arrays in their own byte order (big-endian data from a file).
                 data = data.astype(data.dtype.newbyteorder("="))
-            # As jax.device_put does: without x64, 64-bit types become their 32-bit kin.
-            canonical = jax.dtypes.canonicalize_dtype(data.dtype)
             if canonical != data.dtype:
                 if data.dtype.kind in "iu" and not isinstance(value, np.ndarray | np.generic):
                     _check_python_ints(value, data, canonical)

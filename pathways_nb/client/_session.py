@@ -61,6 +61,9 @@ class Client(ArrayIO):
     connects straight to a controller's address. ``name`` and ``weight`` are this
     tenant's in ``client.status()`` and its share of contended islands (weight 3 gets
     three times the device time of weight 1 while both have work queued).
+    ``dask_client`` is the ``distributed.Client`` that computes puts of Dask arrays (by
+    default this cluster's scheduler's current Dask client, or one made on first use;
+    see :attr:`dask_client`).
     """
 
     _current: ClassVar[Client | None] = None
@@ -75,8 +78,10 @@ class Client(ArrayIO):
         weight: float = 1.0,
         timeout: float = 30.0,
         scheduler_file: str | os.PathLike[str] | None = None,
+        dask_client: Any = None,
     ) -> None:
         adopt: Callable[[Client], None] | None = None
+        self.scheduler_address: str | None = None
         weight = validate_weight(weight)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(f"timeout is seconds to wait for the controller, > 0; got {timeout!r}")
@@ -110,6 +115,7 @@ class Client(ArrayIO):
                 getattr(address, "controller_address", None)
                 or ask_scheduler(addr, timeout)["address"]
             )
+            self.scheduler_address = addr
         self.controller_address = controller
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
@@ -117,6 +123,9 @@ class Client(ArrayIO):
         self._cond = threading.Condition(self._lock)
         self._pending: dict[int, list[int]] = {}
         self._errors: dict[int, RemoteError] = {}
+        self._fed: dict[int, Any] = {}
+        self._dask: Any = dask_client
+        self._own_dask = False
         self._programs_sent: set[str] = set()
         self._hosts_ok: set[str] = set()
         self._slices: dict[str, VirtualSlice] = {}
@@ -185,6 +194,7 @@ class Client(ArrayIO):
         self._closed = True
         _OPEN.discard(self)
         self._prefetcher.stop()
+        self._close_dask()
         self._io.stop()
         self._direct.close()
         # The controller frees a departed client's slices: they read released, and
@@ -334,6 +344,8 @@ class Client(ArrayIO):
         return lid not in self._pending
 
     def _delete_soon(self, handle: int) -> None:
+        if self._fed and self._defer_delete(handle):
+            return
         if not self._closed:
             self._errors.pop(handle, None)
             self._io.delete_soon(handle)
@@ -351,6 +363,8 @@ class Client(ArrayIO):
                             self._errors[o] = e
                 self._cond.notify_all()
         elif t == "host_lost":
+            if self._fed:
+                self._dask_host_lost(h["host"])
             for sid in h["slices"]:
                 vs = self._slices.get(sid)
                 if vs is not None:

@@ -45,6 +45,12 @@ def _configure_jax() -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def running_host(worker: Any) -> Any:
+    """The pathways host serving in this Dask worker's process, or None (not started,
+    or not a worker with this preload)."""
+    return getattr(worker, _HOST_ATTR, None)
+
+
 async def dask_setup(worker: Any) -> None:
     """Preload hook: start the host once the Dask worker runs, and register it.
 

@@ -110,6 +110,9 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "devices": _LIST,
         "mesh": _LIST,
     },
+    # ... of an array a Dask task on the host's own worker is computing (a Dask put)
+    "expect": {"rid": _INT, "handle": _INT},
+    "put_failed": {"rid": _INT, "handle": _INT, "error": _DICT},
     "fetch": {"rid": _INT, "handle": _INT},
     "wait": {"rid": _INT, "handle": _INT},
     # ... of several arrays on one host, answered at once (at most 512 handles)

@@ -24,6 +24,7 @@ from pathways_nb._core import CHECK_FROM, RemoteError, encode_spec, handle_owner
 from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._faults import Faults
+from pathways_nb.worker._fed import FedPuts
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs, run_key
@@ -96,6 +97,7 @@ class Executor:
         self._send_waits: set[int] = set()
         # dst handle -> source host, for transfers this host expects.
         self._expected: dict[int, str] = {}
+        self.fed = FedPuts()
         # Called with (entry, send body) to ship an array to another host.
         self.send_array: Callable[[Entry, dict[str, Any]], None] | None = None
 
@@ -390,7 +392,10 @@ class Executor:
             return
         missing = self.store.watch_absent(ins) if ins else []
         if missing:
-            if time.monotonic() < deadline:
+            now = time.monotonic()
+            if now >= deadline and self.fed.all_awaited(missing):
+                deadline = now + self._put_wait  # a Dask task still computes them
+            if now < deadline:
                 self._park(kind, body, touched, deadline)
                 return
             self.store.unwatch(missing)
@@ -459,6 +464,7 @@ class Executor:
         self.programs.add(*body)
 
     def _do_drop(self, handles: list[int]) -> None:
+        self.fed.drop(handles)
         self.store.drop(handles)
 
     def _do_fault(self, body: tuple[str, str]) -> None:

@@ -75,7 +75,9 @@ _CONTROLLER_TYPES = frozenset(
     }
 )
 _BATCHED_TYPES = frozenset({"run", "drop", "send", "recv"})
-_DATA_TYPES = frozenset({"hello", "put", "fetch", "wait", "fetch_many", "wait_many", "xfer"})
+_DATA_TYPES = frozenset(
+    {"hello", "put", "expect", "put_failed", "fetch", "wait", "fetch_many", "wait_many", "xfer"}
+)
 _TO_CONTROLLER = b"c"
 _HEARTBEAT = 1.0  # seconds between heartbeats to the controller
 
@@ -360,6 +362,17 @@ class Host:
             return
         if kind == "put":
             self._put(identity, h, msg.buffers)
+        elif kind == "expect":
+            if self.store.get(h["handle"]) is None:
+                self.executor.fed.expect(h["handle"])
+            self._send_data(identity, encode({"t": "reply", "rid": h["rid"]}))
+        elif kind == "put_failed":
+            try:
+                err = RemoteError.from_dict(h["error"])
+            except Exception as exc:
+                err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+            self._store_fed(h["handle"], None, err)
+            self._send_data(identity, encode({"t": "reply", "rid": h["rid"]}))
         elif kind == "xfer":
             try:
                 self._assembler.piece(h, msg.buffers)
@@ -417,17 +430,56 @@ class Host:
                     f"put of shape {shape} {dtype} needs {int(np.prod(shape)) * dtype.itemsize} "
                     f"bytes; got {len(bufs[0])}"
                 )
-            arr = arr.reshape(shape)
-            mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
-            sharding = NamedSharding(mesh, decode_spec(h["spec"]))
-            self.store.reserve_check(arr.nbytes)
-            value = from_host(arr, sharding)
-            impl = h.get("key_impl")
-            if impl:
-                value = jax.random.wrap_key_data(value, impl=impl)
-            self.store.set(h["handle"], value, arr.nbytes, ("put", ""), ready=True)
+            self._store_put(h, arr.reshape(shape))
             self._send_data(identity, encode({"t": "reply", "rid": rid}))
         except Exception as exc:
             err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
             self.store.fail(h["handle"], err)
             self._send_data(identity, encode({"t": "failed", "rid": rid, "error": err.to_dict()}))
+
+    def _store_put(self, h: dict[str, Any], arr: np.ndarray) -> None:
+        """Lay a put's value out on its slice's devices and store it."""
+        mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
+        sharding = NamedSharding(mesh, decode_spec(h["spec"]))
+        self.store.reserve_check(arr.nbytes)
+        value = from_host(arr, sharding)
+        impl = h.get("key_impl")
+        if impl:
+            value = jax.random.wrap_key_data(value, impl=impl)
+        self.store.set(h["handle"], value, arr.nbytes, ("put", ""), ready=True)
+
+    # puts computed by Dask in this process --------------------------------------------
+    def store_fed(self, h: dict[str, Any], value: Any) -> None:
+        """Store ``value``, which a Dask task in this worker process computed for a
+        client's put of a Dask collection; ``h`` is the put's header (handle, shape,
+        dtype, spec, devices, mesh). Safe from any thread. A value that does not match
+        the header, or does not fit, is stored as the handle's error."""
+        try:
+            dtype = decode_dtype(h["dtype"])
+            shape = tuple(int(n) for n in h["shape"])
+            arr = np.asarray(value)
+            if arr.shape != shape:
+                raise ValueError(
+                    f"the Dask collection computed to shape {arr.shape}, where its metadata "
+                    f"said {shape}: the put expected the shape it was given"
+                )
+            arr = np.ascontiguousarray(arr.astype(dtype, copy=False))
+        except Exception as exc:
+            err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+            self._store_fed(h["handle"], None, err)
+            return
+        self._store_fed(h["handle"], (h, arr), None)
+
+    def _store_fed(
+        self, handle: int, put: tuple[dict[str, Any], np.ndarray] | None, err: RemoteError | None
+    ) -> None:
+        if not self.executor.fed.arrive(handle):
+            return  # the client let go of it while Dask computed it
+        if put is not None:
+            try:
+                self._store_put(*put)
+                return
+            except Exception as exc:
+                err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+        if err is not None and self.store.get(handle) is None:
+            self.store.fail(handle, err)

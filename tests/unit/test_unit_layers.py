@@ -78,9 +78,10 @@ def test_controller_and_workers_never_import_the_client(mod: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "mod", sorted(m for m in IMPORTS if _role(m) == "viz" or m == "pathways_nb._magics")
+    "mod",
+    sorted(m for m in IMPORTS if _role(m) in ("viz", "data") or m == "pathways_nb._magics"),
 )
-def test_jupyter_parts_use_the_public_api(mod: str) -> None:
+def test_jupyter_parts_and_data_pipelines_use_the_public_api(mod: str) -> None:
     public = {"pathways_nb", "pathways_nb.client", "pathways_nb.viz"}
-    private = {m for m in _outside(mod) if m not in public and _role(m) != "viz"}
+    private = {m for m in _outside(mod) if m not in public and _role(m) != _role(mod)}
     assert private == set(), f"{mod} reaches past the public API: {sorted(private)}"

@@ -1,0 +1,166 @@
+"""A dataset of Dask arrays, a batch at a time, each batch computed beside its host."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jax.sharding import PartitionSpec
+
+    from pathways_nb.client import RemoteArray, VirtualSlice
+
+
+def batches(
+    data: Any,
+    vs: VirtualSlice,
+    *,
+    batch_size: int,
+    spec: PartitionSpec | Any = None,
+    prefetch: int = 2,
+    drop_remainder: bool = True,
+) -> Iterator[Any]:
+    """Yield ``data`` (a Dask array, or a pytree of them sharing their first dimension)
+    as consecutive batches of ``batch_size`` rows on slice ``vs``: the same pytree of
+    RemoteArrays for each.
+
+    Each batch is a put of a Dask array (``vs.put``): the Dask worker that runs the
+    slice's host computes it and stores it there, so its bytes never cross this client.
+    ``prefetch`` batches compute ahead of the one the loop holds; a batch is yielded
+    once it is on the host, so a training loop never waits on a batch its host is still
+    reading, and no more than ``prefetch + 1`` batches are in the pipeline at a time. A
+    batch whose computation failed raises its error (with the Dask traceback) where it
+    would have been yielded.
+
+    ``spec`` is a PartitionSpec for every leaf, or a pytree of them matching ``data``;
+    by default the rows split over the slice's first mesh axis (``P("data")`` on a
+    ``{"data": 4}`` slice). ``drop_remainder`` leaves out a last batch shorter than
+    ``batch_size``, so every batch has one shape and programs compile once. Shuffle in
+    Dask first (``x[perm]`` with a permutation of the rows), as the order is kept.
+
+    >>> for bx, by in pw.data.batches((x, y), vs, batch_size=256, prefetch=4):
+    ...     params, opt_state, loss = step(params, opt_state, bx, by)
+    """
+    import jax
+    from jax.sharding import PartitionSpec
+
+    from pathways_nb.client import VirtualSlice
+
+    if not isinstance(vs, VirtualSlice):
+        raise TypeError(f"batches puts on a VirtualSlice (client.allocate(...)); got {vs!r}")
+    size = _positive("batch_size", batch_size)
+    ahead = _positive("prefetch", prefetch, zero=True)
+    if not isinstance(drop_remainder, bool):
+        raise TypeError(f"drop_remainder is True or False; got {drop_remainder!r}")
+    leaves, treedef = jax.tree.flatten(data)
+    rows = _rows(leaves)
+    if spec is None:
+        spec = PartitionSpec(next(iter(vs.mesh_shape)))
+    count = rows // size if drop_remainder else -(-rows // size)
+    if count == 0:
+        raise ValueError(
+            f"the data has {rows} rows, fewer than one batch of {size}"
+            + (" (drop_remainder=True leaves out a shorter batch)" if drop_remainder else "")
+        )
+    # Every batch's put is checked before any is sent: a spec that cannot split a
+    # batch over the slice is an error here, not at the first or the last batch.
+    specs = _leaf_specs(spec, treedef, len(leaves))
+    last = rows - (count - 1) * size
+    for n in {size, min(size, last)}:
+        for s, leaf in zip(specs, leaves, strict=True):
+            _check_spec(vs, s, (n, *leaf.shape[1:]))
+    return _walk(leaves, treedef, vs, specs, size, rows, count, ahead)
+
+
+def _walk(
+    leaves: list[Any],
+    treedef: Any,
+    vs: VirtualSlice,
+    specs: list[PartitionSpec],
+    size: int,
+    rows: int,
+    count: int,
+    ahead: int,
+) -> Iterator[Any]:
+    import jax
+
+    queue: collections.deque[Any] = collections.deque()
+
+    def submit(i: int) -> None:
+        lo, hi = i * size, min(rows, (i + 1) * size)
+        # One put per leaf: a tuple given to put is one array-like, as np.asarray reads it.
+        parts = [vs.put(x[lo:hi], s) for x, s in zip(leaves, specs, strict=True)]
+        queue.append(jax.tree.unflatten(treedef, parts))
+
+    submitted = 0
+    for _ in range(count):
+        while submitted < count and len(queue) <= ahead:
+            submit(submitted)
+            submitted += 1
+        batch = queue.popleft()
+        arrays: list[RemoteArray] = jax.tree.leaves(batch)
+        for a in arrays:
+            a.block_until_ready()
+        yield batch
+
+
+def _positive(name: str, value: Any, zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
+        raise ValueError(
+            f"{name} is a whole number of {'0' if zero else '1'} or more; got {value!r}"
+        )
+    return value
+
+
+def _rows(leaves: list[Any]) -> int:
+    import dask.array as da
+
+    if not leaves:
+        raise ValueError("batches needs at least one Dask array; got an empty pytree")
+    for x in leaves:
+        if not isinstance(x, da.Array):
+            raise TypeError(
+                f"batches takes Dask arrays (or a pytree of them); got {type(x).__name__}. "
+                "Wrap a NumPy array with dask.array.from_array(a, chunks=...), a Dask "
+                "DataFrame with df.to_dask_array(lengths=True)"
+            )
+        if x.ndim == 0:
+            raise ValueError("batches splits arrays along their first dimension; got a scalar")
+    shapes = [x.shape for x in leaves]
+    firsts = {s[0] for s in shapes}
+    if any(n != n for n in firsts):  # NaN: Dask does not know the lengths yet
+        raise ValueError(
+            f"the number of rows of these Dask arrays is not known yet ({shapes}): call "
+            "x.compute_chunk_sizes() first (or give lengths= where they were made)"
+        )
+    if len(firsts) != 1:
+        raise ValueError(f"batches takes arrays with the same number of rows; got shapes {shapes}")
+    return int(firsts.pop())
+
+
+def _leaf_specs(spec: Any, treedef: Any, n: int) -> list[PartitionSpec]:
+    from jax.sharding import PartitionSpec
+
+    if isinstance(spec, PartitionSpec):
+        return [spec] * n
+    try:
+        specs = list(treedef.flatten_up_to(spec))
+    except (ValueError, TypeError):
+        specs = []
+    if len(specs) != n or not all(isinstance(s, PartitionSpec) for s in specs):
+        raise ValueError(
+            "batches' spec is one PartitionSpec for every array or a pytree of them "
+            f"matching the data's structure ({treedef}); got {spec!r}"
+        )
+    return specs
+
+
+def _check_spec(vs: VirtualSlice, spec: PartitionSpec, shape: tuple[int, ...]) -> None:
+    try:
+        vs.check_spec(spec, shape)
+    except ValueError as exc:
+        raise ValueError(
+            f"a batch of shape {shape} cannot be laid out by {spec} on slice {vs.name!r}: "
+            f"{exc}. Choose a batch_size the slice's devices divide"
+        ) from None
