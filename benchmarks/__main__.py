@@ -29,6 +29,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "memory": ([], ["--programs", "2000", "--checkpoint", "500", "--distinct", "40"]),
     "scale": ([], ["--quick"]),
     "fetch": ([], ["--quick"]),
+    "data": ([], ["--quick"]),
 }
 
 

@@ -272,6 +272,27 @@ def _fetch(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _data(r: dict[str, Any]) -> list[Row]:
+    mib, rate = r["params"]["batch_bytes"] / 2**20, r["batches_per_s"]
+    return [
+        (
+            f"pw.data.batches of {mib:g} MiB over 4 devices, against the same batches "
+            "gathered in the notebook and put (batches/s)",
+            f"through the client {rate['through_client']:.1f}",
+            f"{rate['pw_data_batches']:.1f}",
+            f"{r['vs_through_client']['ratio']:.2f}x",
+            "",
+        ),
+        (
+            "the same, against plain JAX fed by Dask's threads in one process (batches/s)",
+            f"JAX {rate['plain_jax']:.1f}",
+            f"{rate['pw_data_batches']:.1f}",
+            f"{r['vs_plain_jax']['ratio']:.2f}x",
+            "",
+        ),
+    ]
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -282,6 +303,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "memory": _memory,
     "scale": _scale,
     "fetch": _fetch,
+    "data": _data,
 }
 
 

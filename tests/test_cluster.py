@@ -429,7 +429,18 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
         cwd=Path(__file__).resolve().parents[1],
     )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    names = {"dispatch", "size", "training", "core", "mpmd", "widgets", "memory", "scale", "fetch"}
+    names = {
+        "dispatch",
+        "size",
+        "training",
+        "core",
+        "mpmd",
+        "widgets",
+        "memory",
+        "scale",
+        "fetch",
+        "data",
+    }
     assert set(summary["experiments"]) == names
     for name in names:
         result = json.loads((tmp_path / f"{name}.json").read_text())
