@@ -207,6 +207,19 @@ def test_other_dask_collections_and_unknown_shapes_are_refused_with_the_way_out(
     assert client.pending() == 0
 
 
+def test_a_dask_client_of_another_cluster_is_refused_naming_the_host(
+    cluster: pw.InProcessCluster, fed: tuple[pw.InProcessCluster, DaskClient]
+) -> None:
+    # A slice whose host no worker of that Dask scheduler runs, as when the Dask client
+    # is another cluster's (here the names host0 and host1 would match by chance).
+    with cluster.client(dask_client=fed[1]) as other:
+        vs = other.allocate({"data": 2})
+        vs.host = "tcp://10.0.0.9:1234"
+        with pytest.raises(ValueError, match=r"no worker of the Dask scheduler.*dask_client="):
+            vs.put(da.ones(4, chunks=2), P("data"))
+        assert other.pending() == 0
+
+
 def test_without_a_dask_cluster_a_dask_array_is_computed_by_the_client(
     cluster: pw.InProcessCluster,
 ) -> None:

@@ -64,6 +64,8 @@ class DaskPuts:
     _fed: dict[int, _Fed]
     _dask: Any
     _own_dask: bool
+    # Hosts known to run in a worker of the Dask client's scheduler.
+    _dask_hosts: set[str]
     scheduler_address: str | None
 
     if TYPE_CHECKING:  # provided by Client
@@ -100,6 +102,7 @@ class DaskPuts:
         if dask is None:
             # No Dask cluster holds this slice's host: compute here and send the bytes.
             return self._put(vs, value.compute(), spec)
+        self._check_dask_worker(dask, vs)
         handle = self._ids.next()
         header: dict[str, Any] = {
             "handle": handle,
@@ -133,6 +136,23 @@ class DaskPuts:
             vs,
             lid,
         )
+
+    def _check_dask_worker(self, dask: Any, vs: VirtualSlice) -> None:
+        """Raise unless ``dask``'s scheduler has the worker running ``vs``'s host: a
+        task pinned to a worker the scheduler lacks would wait for it for ever."""
+        if vs.host in self._dask_hosts:
+            return
+        workers = dask.scheduler_info(n_workers=-1).get("workers", {})
+        names = {str(w.get("name")) for w in workers.values()}
+        if vs.host not in workers and vs.host not in names:
+            raise ValueError(
+                f"slice {vs.name!r} runs on host {vs.host}, which is no worker of the Dask "
+                f"scheduler at {dask.scheduler.address} (its workers: "
+                f"{sorted(workers) or 'none'}): puts of Dask arrays are computed by the "
+                "Dask worker that runs the slice's host, so the Dask client must be one of "
+                "this cluster's (pw.Client(..., dask_client=...))"
+            )
+        self._dask_hosts.add(vs.host)
 
     def _dask_put_done(self, handle: int, future: Any) -> None:
         """Dask's callback thread: the value is on the host, or never will be."""

@@ -126,6 +126,7 @@ class Client(ArrayIO):
         self._fed: dict[int, Any] = {}
         self._dask: Any = dask_client
         self._own_dask = False
+        self._dask_hosts: set[str] = set()
         self._programs_sent: set[str] = set()
         self._hosts_ok: set[str] = set()
         self._slices: dict[str, VirtualSlice] = {}
