@@ -267,6 +267,28 @@ def test_batches_are_the_rows_in_order_and_keep_prefetch_batches_ahead(
     assert len(list(pw.data.batches((x, y), vs, batch_size=16))) == 6
 
 
+def test_shuffled_batches_take_the_rows_in_the_seeds_permutation(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    xs = np.arange(60 * 2, dtype=np.float32).reshape(60, 2)
+    ys = np.arange(60, dtype=np.int32)
+    x, y = da.from_array(xs, chunks=(16, 2)), da.from_array(ys, chunks=16)
+    epochs = []
+    for seed in (0, 1):
+        order = np.random.default_rng(seed).permutation(60)
+        got = [
+            (bx.fetch(), by.fetch())
+            for bx, by in pw.data.batches((x, y), vs, batch_size=8, shuffle=seed)
+        ]
+        assert len(got) == 7  # 56 of the 60 rows: the last 4 make no whole batch
+        for i, (bx, by) in enumerate(got):
+            np.testing.assert_array_equal(bx, xs[order[8 * i : 8 * i + 8]])
+            np.testing.assert_array_equal(by, ys[order[8 * i : 8 * i + 8]])
+        epochs.append(np.concatenate([by for _, by in got]))
+    assert not np.array_equal(epochs[0], epochs[1])
+    with pytest.raises(TypeError, match="shuffle is a seed"):
+        pw.data.batches(x, vs, batch_size=8, shuffle=True)
+
+
 def test_a_batch_that_fails_raises_where_it_would_be_yielded(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
 

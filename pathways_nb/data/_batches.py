@@ -6,6 +6,8 @@ import collections
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from jax.sharding import PartitionSpec
 
@@ -20,6 +22,7 @@ def batches(
     spec: PartitionSpec | Any = None,
     prefetch: int = 2,
     drop_remainder: bool = True,
+    shuffle: int | None = None,
 ) -> Iterator[Any]:
     """Yield ``data`` (a Dask array, or a pytree of them sharing their first dimension)
     as consecutive batches of ``batch_size`` rows on slice ``vs``: the same pytree of
@@ -36,11 +39,16 @@ def batches(
     ``spec`` is a PartitionSpec for every leaf, or a pytree of them matching ``data``;
     by default the rows split over the slice's first mesh axis (``P("data")`` on a
     ``{"data": 4}`` slice). ``drop_remainder`` leaves out a last batch shorter than
-    ``batch_size``, so every batch has one shape and programs compile once. Shuffle in
-    Dask first (``x[perm]`` with a permutation of the rows), as the order is kept.
+    ``batch_size``, so every batch has one shape and programs compile once.
 
-    >>> for bx, by in pw.data.batches((x, y), vs, batch_size=256, prefetch=4):
-    ...     params, opt_state, loss = step(params, opt_state, bx, by)
+    ``shuffle=seed`` takes the rows in the order of
+    ``np.random.default_rng(seed).permutation(rows)`` (the same in every leaf): pass a
+    new seed each epoch (``shuffle=epoch``) for a new order. Each batch then gathers
+    its rows from wherever Dask holds them. None keeps the rows in order.
+
+    >>> for epoch in range(3):
+    ...     for bx, by in pw.data.batches((x, y), vs, batch_size=256, shuffle=epoch):
+    ...         params, opt_state, loss = step(params, opt_state, bx, by)
     """
     import jax
     from jax.sharding import PartitionSpec
@@ -53,6 +61,8 @@ def batches(
     ahead = _positive("prefetch", prefetch, zero=True)
     if not isinstance(drop_remainder, bool):
         raise TypeError(f"drop_remainder is True or False; got {drop_remainder!r}")
+    if shuffle is not None and (isinstance(shuffle, bool) or not isinstance(shuffle, int)):
+        raise TypeError(f"shuffle is a seed (an int) or None; got {shuffle!r}")
     leaves, treedef = jax.tree.flatten(data)
     rows = _rows(leaves)
     if spec is None:
@@ -70,7 +80,8 @@ def batches(
     for n in {size, min(size, last)}:
         for s, leaf in zip(specs, leaves, strict=True):
             _check_spec(vs, s, (n, *leaf.shape[1:]))
-    return _walk(leaves, treedef, vs, specs, size, rows, count, ahead)
+    order = None if shuffle is None else np.random.default_rng(shuffle).permutation(rows)
+    return _walk(leaves, treedef, vs, specs, size, rows, count, ahead, order)
 
 
 def _walk(
@@ -82,6 +93,7 @@ def _walk(
     rows: int,
     count: int,
     ahead: int,
+    order: np.ndarray | None,
 ) -> Iterator[Any]:
     import jax
 
@@ -89,8 +101,9 @@ def _walk(
 
     def submit(i: int) -> None:
         lo, hi = i * size, min(rows, (i + 1) * size)
+        rows_of = slice(lo, hi) if order is None else order[lo:hi]
         # One put per leaf: a tuple given to put is one array-like, as np.asarray reads it.
-        parts = [vs.put(x[lo:hi], s) for x, s in zip(leaves, specs, strict=True)]
+        parts = [vs.put(x[rows_of], s) for x, s in zip(leaves, specs, strict=True)]
         queue.append(jax.tree.unflatten(treedef, parts))
 
     submitted = 0
