@@ -46,6 +46,8 @@ GARBAGE: list[list[bytes]] = [
     [msgpack.packb({"t": "hello", "role": "client", "versions": {"nope": 1}})],
     [msgpack.packb({"t": "batch"}), b"\x00\x01", msgpack.packb({"t": "allocate"})],
     [msgpack.packb({"t": "register", "host": 1})],
+    [msgpack.packb({"t": "expect", "rid": 1, "handle": "x"})],
+    [msgpack.packb({"t": "put_failed", "rid": 1, "handle": 5, "error": {"nope": 1}})],
     [np.random.default_rng(0).bytes(4096)],
 ]
 
@@ -91,6 +93,18 @@ def test_garbage_to_every_socket_gets_errors_and_everyone_keeps_working(
                 assert reply["t"] in ("error", "refuse", "failed", "reply"), reply
                 text = reply.get("message") or reply.get("reason") or str(reply.get("error", ""))
                 assert text or reply["t"] == "reply"
+            if address == vs.data_address and authenticated:
+                # A Dask put's failure names a handle the host expects: another array's
+                # is not failed by it.
+                error = {"message": "not yours", "kind": "dask"}
+                sock.send_multipart(
+                    [
+                        msgpack.packb(
+                            {"t": "put_failed", "rid": 2, "handle": x.handle, "error": error}
+                        )
+                    ]
+                )
+                assert msgpack.unpackb(sock.recv_multipart()[0])["t"] == "reply"
             sock.close(0)
     # Everyone keeps serving, including this tenant's arrays and programs.
     np.testing.assert_array_equal((x + 1).fetch(), np.arange(1, 5, dtype=np.float32))

@@ -39,6 +39,11 @@ class FedPuts:
         with self._lock:
             return bool(self._awaited) and self._awaited.issuperset(handles)
 
+    def outstanding(self, handle: int) -> bool:
+        """Whether ``handle`` was expected and its value has not come (dropped or not)."""
+        with self._lock:
+            return handle in self._awaited or handle in self._dropped
+
     def drop(self, handles: Iterable[int]) -> None:
         """The client let go of these handles: values still to come are not kept."""
         with self._lock:

@@ -367,11 +367,14 @@ class Host:
                 self.executor.fed.expect(h["handle"])
             self._send_data(identity, encode({"t": "reply", "rid": h["rid"]}))
         elif kind == "put_failed":
-            try:
-                err = RemoteError.from_dict(h["error"])
-            except Exception as exc:
-                err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
-            self._store_fed(h["handle"], None, err)
+            # Only for a handle still expected: its expect came first on this same
+            # connection, and no other array can be failed this way.
+            if self.executor.fed.outstanding(h["handle"]):
+                try:
+                    err = RemoteError.from_dict(h["error"])
+                except Exception as exc:
+                    err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+                self._store_fed(h["handle"], None, err)
             self._send_data(identity, encode({"t": "reply", "rid": h["rid"]}))
         elif kind == "xfer":
             try:

@@ -24,9 +24,11 @@ def test_only_inputs_all_awaited_wait_past_the_put_deadline() -> None:
 def test_dropped_while_computed_is_let_go_when_it_comes() -> None:
     fed = FedPuts()
     fed.expect(1)
+    assert fed.outstanding(1) and not fed.outstanding(7)
     fed.drop([1, 7])
-    assert not fed.all_awaited([1])
+    assert not fed.all_awaited([1]) and fed.outstanding(1)
     assert not fed.arrive(1)
+    assert not fed.outstanding(1)
 
 
 def test_a_value_before_its_expect_is_kept_and_the_late_expect_waits_for_nothing() -> None:
