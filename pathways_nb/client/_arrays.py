@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from pathways_nb._core import (
     ProtocolError,
@@ -136,18 +136,7 @@ class ArrayIO(DaskPuts, ProgramCalls):
         )
         fut = self._io.host_request(vs.data_address, header, [as_bytes(data)])
         fut.add_done_callback(lambda f: self._put_done(f, handle))
-        return _weak_if_scalar(
-            value,
-            RemoteArray(
-                self._as_client(),
-                handle,
-                shape,
-                dtype,
-                NamedSharding(vs.abstract_mesh, spec),
-                vs,
-                _LOCAL_LID,
-            ),
-        )
+        return _weak_if_scalar(value, self._put_array(vs, handle, shape, dtype, spec, _LOCAL_LID))
 
     def _prefetch(self, x: RemoteArray) -> Any:
         self._check_open()

@@ -127,15 +127,20 @@ class DaskPuts:
         self._pending[lid] = [handle]
         self._fed[handle] = _Fed(stored, vs.host, vs.data_address)
         stored.add_done_callback(lambda f: self._dask_put_done(handle, f))
-        return RemoteArray(
-            self._as_client(),
-            handle,
-            shape,
-            dtype,
-            NamedSharding(vs.abstract_mesh, spec),
-            vs,
-            lid,
-        )
+        return self._put_array(vs, handle, shape, dtype, spec, lid)
+
+    def _put_array(
+        self,
+        vs: VirtualSlice,
+        handle: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        spec: PartitionSpec,
+        lid: int,
+    ) -> RemoteArray:
+        """The RemoteArray of a put: ``handle`` on ``vs``, laid out by ``spec``."""
+        sharding = NamedSharding(vs.abstract_mesh, spec)
+        return RemoteArray(self._as_client(), handle, shape, dtype, sharding, vs, lid)
 
     def _check_dask_worker(self, dask: Any, vs: VirtualSlice) -> None:
         """Raise unless ``dask``'s scheduler has the worker running ``vs``'s host: a
