@@ -28,6 +28,7 @@ from pathways_nb.worker._fed import FedPuts
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs, run_key
+from pathways_nb.worker._sending import SendsInFlight
 from pathways_nb.worker._store import Entry, ObjectStore
 
 log = logging.getLogger("pathways_nb.worker")
@@ -91,10 +92,7 @@ class Executor:
         self._inline_ident = -1
         self._inline_due = False
         store.on_arrival = self._wake_parked
-        # Source arrays a send still reads: a launch may not donate them meanwhile.
-        self._sending: collections.Counter[int] = collections.Counter()
-        # Those of them a parked launch waits for: only their sends' ends wake the lot.
-        self._send_waits: set[int] = set()
+        self.sends = SendsInFlight(self._cv, self._wake_under_lock)
         # dst handle -> source host, for transfers this host expects.
         self._expected: dict[int, str] = {}
         self.fed = FedPuts()
@@ -273,7 +271,6 @@ class Executor:
         entries = self.store.get_many(h["ins"])
         return None if entries is None else (plan, entries)
 
-    # programs -----------------------------------------------------------------------
     # dispatch thread ----------------------------------------------------------------
     def _nothing_to_do(self) -> bool:
         return self._busy or not (self._pending or self._retry or self._lot_expired())
@@ -340,23 +337,16 @@ class Executor:
         if self._lot.conflicts(touched):
             return True
         if kind == "run":
-            if self._waits_for_sends(body):
+            if self.sends.blocks(body["ins"], body["donate"]):
                 return True
             return bool(self.store.watch_absent(body["ins"]))
         if kind == "send":
             return bool(self.store.watch_absent((body["src"],)))
         return False
 
-    def _waits_for_sends(self, h: dict[str, Any]) -> bool:
-        """Whether a launch donates an array a send still reads; if so, the end of that
-        send wakes the lot. Checked and noted under the lock :meth:`sent` takes, so no
-        send ends unseen in between."""
-        if not self._sending or not h["donate"]:
-            return False
-        with self._cv:
-            busy = [src for src in (h["ins"][i] for i in h["donate"]) if src in self._sending]
-            self._send_waits.update(busy)
-        return bool(busy)
+    def _wake_under_lock(self) -> None:
+        self._retry = True
+        self._cv.notify()
 
     def _lot_expired(self) -> bool:
         d = self._lot.earliest_deadline()
@@ -377,7 +367,7 @@ class Executor:
         if kind == "run":
             touched = (*body["ins"], *body["outs"])
             ins = body["ins"]
-            busy = self._waits_for_sends(body)
+            busy = self.sends.blocks(body["ins"], body["donate"])
         elif kind == "send":
             touched, ins, busy = (body["src"],), (body["src"],), False
         elif kind == "drop":
@@ -442,23 +432,8 @@ class Executor:
         entry = self.store.get(body["src"])
         if entry is None or self.send_array is None:
             return
-        src = body["src"]
-        with self._cv:  # the sending thread counts down under it
-            self._sending[src] += 1
+        self.sends.started(body["src"])
         self.send_array(entry, body)
-
-    def sent(self, src: int) -> None:
-        """A send finished reading its source (called by the sending thread)."""
-        with self._cv:
-            if src not in self._sending:
-                return
-            self._sending[src] -= 1
-            if self._sending[src] <= 0:
-                del self._sending[src]
-                if src in self._send_waits:
-                    self._send_waits.discard(src)
-                    self._retry = True
-                    self._cv.notify()
 
     def _do_program(self, body: Any) -> None:
         self.programs.add(*body)

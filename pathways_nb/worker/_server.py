@@ -121,7 +121,7 @@ class Host:
             window=self.config.inflight_window,
             executables=self.config.host_executables,
         )
-        self._sender = Sender(self._ctx, name, self.executor.sent, self.store)
+        self._sender = Sender(self._ctx, name, self.executor.sends.finished, self.store)
         self.executor.send_array = self._sender.submit
         self.executor.completions.on_computed = self._sender.computed
         self._assembler = Assembler(
