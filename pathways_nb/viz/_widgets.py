@@ -80,7 +80,8 @@ class _Live(anywidget.AnyWidget):
             self._refresher.start()
 
     def refresh(self) -> None:
-        raise NotImplementedError
+        """Pull the client's latest state into the synced traits; each widget draws its own."""
+        raise NotImplementedError(f"{type(self).__name__} must define refresh()")
 
     def stop(self) -> None:
         """Stop refreshing; the widget keeps its last picture."""
@@ -94,7 +95,8 @@ class _Live(anywidget.AnyWidget):
         super().close()
 
     def _fallback_html(self) -> str:
-        raise NotImplementedError
+        """The static HTML shown where no kernel runs the JavaScript; each widget draws its own."""
+        raise NotImplementedError(f"{type(self).__name__} must define _fallback_html()")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
