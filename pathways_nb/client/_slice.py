@@ -148,6 +148,8 @@ class VirtualSlice:
 
     def check_active(self) -> None:
         if self.state == "released":
+            # A closed client's slices read released too: say what closed them.
+            self._client._check_open()
             raise ClosedError(f"slice {self.name!r} was released; allocate a new one")
         if self.state == "lost":
             raise DataLossError(
