@@ -11,7 +11,6 @@ import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from pathways_nb._core import local_versions
 from pathways_nb.wire import decode, encode
 
 
@@ -93,16 +92,13 @@ def test_bad_many_requests_get_an_error_and_the_host_keeps_serving(
     sock = ctx.socket(zmq.DEALER)
     sock.connect(vs.data_address)
     try:
-        versions = local_versions().to_dict()
-        sock.send_multipart(
-            encode({"t": "hello", "role": "client", "rid": 1, "versions": versions})
-        )
+        sock.send_multipart(encode({**client._direct.hello, "rid": 1}))  # as the client
         assert sock.poll(10_000)
         assert decode(sock.recv_multipart()).header["t"] == "welcome"
         for rid, handles in (
             (2, []),
             (3, ["not", "handles"]),
-            (4, list(range(513))),
+            (4, [xs[0].handle] * 513),
             (5, [xs[0].handle, 1.5]),
         ):
             sock.send_multipart(encode({"t": "fetch_many", "rid": rid, "handles": handles}))

@@ -12,7 +12,7 @@ import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from pathways_nb._core import Config, local_versions
+from pathways_nb._core import Config
 
 
 def _lose(c: pw.InProcessCluster, vs: pw.VirtualSlice) -> int:
@@ -190,7 +190,7 @@ def test_a_request_to_a_host_that_never_answers_its_hello_ends_when_the_slice_is
     silent.bind(("127.0.0.1", 0))
     silent.listen()
     ctx = zmq.Context()
-    channels = DirectChannels(ctx, local_versions().to_dict())
+    channels = DirectChannels(ctx)
     t0 = time.monotonic()
 
     def check() -> None:

@@ -60,14 +60,12 @@ def _raw_dealer(ctx: zmq.Context[Any], address: str) -> zmq.Socket[Any]:
     return s
 
 
-def _hello(sock: zmq.Socket[Any]) -> dict[str, Any]:
-    sock.send_multipart(
-        [
-            msgpack.packb(
-                {"t": "hello", "role": "client", "rid": 1, "versions": local_versions().to_dict()}
-            )
-        ]
-    )
+def _hello(sock: zmq.Socket[Any], client: pw.Client | None = None) -> dict[str, Any]:
+    """Say hello as a new client to the controller, or as ``client`` says it to a host
+    (with its tenant id and token)."""
+    plain = {"t": "hello", "role": "client", "versions": local_versions().to_dict()}
+    hello = {**(plain if client is None else client._direct.hello), "rid": 1}
+    sock.send_multipart([msgpack.packb(hello)])
     return dict(msgpack.unpackb(sock.recv_multipart()[0]))
 
 
@@ -86,7 +84,7 @@ def test_garbage_to_every_socket_gets_errors_and_everyone_keeps_working(
         for authenticated in (False, True):
             sock = _raw_dealer(ctx, address)
             if authenticated and address != cluster.controller.host_address:
-                assert _hello(sock)["t"] == "welcome"
+                assert _hello(sock, client)["t"] == "welcome"
             for frames in GARBAGE:
                 sock.send_multipart(frames)
                 reply = msgpack.unpackb(sock.recv_multipart()[0])

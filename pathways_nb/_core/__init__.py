@@ -18,7 +18,14 @@ from pathways_nb._core._errors import (
     ResourceExhaustedError,
     VersionMismatchError,
 )
-from pathways_nb._core._ids import HandleAllocator, donated_twice, handle_owner
+from pathways_nb._core._ids import (
+    HandleAllocator,
+    describe_foreign,
+    donated_twice,
+    foreign,
+    handle_owner,
+)
+from pathways_nb._core._keys import host_token, new_secret, tenant_token, token_matches
 from pathways_nb._core._memory import (
     CHECK_FROM,
     Memory,
@@ -60,16 +67,22 @@ __all__ = [
     "decode_mesh",
     "decode_spec",
     "default_config",
+    "describe_foreign",
     "donated_twice",
     "encode_dtype",
     "encode_mesh",
     "encode_spec",
     "entry_axes",
+    "foreign",
     "handle_owner",
+    "host_token",
     "local_versions",
     "machine_memory",
+    "new_secret",
     "on_this_machine",
     "shard_indices",
+    "tenant_token",
+    "token_matches",
     "validate_mesh_shape",
     "validate_weight",
 ]

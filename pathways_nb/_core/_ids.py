@@ -19,6 +19,27 @@ def handle_owner(handle: int) -> int:
     return handle >> TENANT_SHIFT
 
 
+def foreign(handles: Sequence[object], tenant: int) -> object | None:
+    """The first of ``handles`` that is not an id ``tenant`` made (not an integer, or
+    another tenant's), or None if all are its own. A client's messages name only its own
+    arrays and launches; one that names another tenant's is refused, so no client can
+    read, overwrite, fail or delete another's work."""
+    for h in handles:
+        if type(h) is not int or h >> TENANT_SHIFT != tenant:
+            return h
+    return None
+
+
+def describe_foreign(what: str, h: object, tenant: int) -> str:
+    """Why ``h``, found by :func:`foreign`, is refused."""
+    if type(h) is not int:
+        return f"{what} {h!r} is not an integer id"
+    return (
+        f"{what} {h:#x} belongs to tenant {handle_owner(h)}, not to this client "
+        f"(tenant {tenant}): a client names only the arrays and launches it made"
+    )
+
+
 class HandleAllocator:
     """Hands out unique ids for one tenant; thread-safe."""
 

@@ -6,7 +6,7 @@ import dataclasses
 from importlib import metadata
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)

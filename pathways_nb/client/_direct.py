@@ -44,9 +44,11 @@ class RequestFailed(Exception):
 class DirectChannels:
     """Sockets owned by the threads that use them; closed together by :meth:`close`."""
 
-    def __init__(self, ctx: zmq.Context[Any], versions: dict[str, Any]) -> None:
+    def __init__(self, ctx: zmq.Context[Any]) -> None:
         self._ctx = ctx
-        self._versions = versions
+        # The hello that opens each connection (the client's tenant and token in it),
+        # set once the controller has welcomed the client.
+        self.hello: dict[str, Any] = {}
         self._local = threading.local()
         self._all: list[DealerSocket] = []
         self._lock = threading.Lock()
@@ -99,9 +101,7 @@ class DirectChannels:
 
     def _handshake(self, sock: DealerSocket, address: str, check: Callable[[], None]) -> None:
         rid = next(self._rids)
-        sock.send_multipart(
-            encode({"t": "hello", "role": "client", "rid": rid, "versions": self._versions})
-        )
+        sock.send_multipart(encode({**self.hello, "rid": rid}))
         deadline = time.monotonic() + _HANDSHAKE_SECONDS
         while not sock.poll(100):
             check()  # a host lost meanwhile never answers

@@ -139,7 +139,7 @@ class Client(ArrayIO):
         self._io = IOThread(self._ctx, controller, self._on_push, heartbeat=1.0)
         self._io.start()
         versions = local_versions()
-        self._direct = DirectChannels(self._ctx, versions.to_dict())
+        self._direct = DirectChannels(self._ctx)
         self._prefetcher = Prefetcher(self._fetch_one)
         try:
             h, _ = self._io.request(
@@ -160,6 +160,15 @@ class Client(ArrayIO):
             self._io.stop()
             raise VersionMismatchError(f"the controller refused this client: {h.get('reason')}")
         self.tenant: int = int(h["tenant"])
+        # What this client's hello to a host shows: its tenant, and the controller's
+        # token for it (hosts serve a connection only its tenant's arrays).
+        self._direct.hello = {
+            "t": "hello",
+            "role": "client",
+            "versions": versions.to_dict(),
+            "tenant": self.tenant,
+            "token": h.get("token"),
+        }
         self.window: int = int(h.get("window", 16))
         self.max_queued: int = int(h.get("max_queued", 10_000))
         # Seconds new work for a lost slice waits for its remap (0: fails at once); a
@@ -303,15 +312,12 @@ class Client(ArrayIO):
                     "host at %s did not welcome this client: %s", address, why
                 )
 
-        hello = {"t": "hello", "role": "client", "versions": local_versions().to_dict()}
-        self._io.host_request(address, hello).add_done_callback(answered)
+        self._io.host_request(address, dict(self._direct.hello)).add_done_callback(answered)
 
     def _hello_host(self, address: str) -> None:
         if address in self._hosts_ok:
             return
-        h, _ = self._io.host_request(
-            address, {"t": "hello", "role": "client", "versions": local_versions().to_dict()}
-        ).result(30)
+        h, _ = self._io.host_request(address, dict(self._direct.hello)).result(30)
         if h["t"] == "refuse":
             raise VersionMismatchError(f"host at {address} refused this client: {h.get('reason')}")
         self._hosts_ok.add(address)

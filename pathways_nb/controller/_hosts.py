@@ -40,6 +40,7 @@ class HostMessages:
 
     config: Config
     versions: Versions
+    secret: bytes
     rm: ResourceManager
     scheduler: GangScheduler
     tenants: Tenants
@@ -142,7 +143,7 @@ class HostMessages:
         self.events.add(
             "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
         )
-        if not self._reply_peer(identity, {"t": "welcome"}):
+        if not self._reply_peer(identity, {"t": "welcome", "secret": self.secret}):
             self._lose_host(host, "its connection closed as it registered")
             return
         self._remap_lost()

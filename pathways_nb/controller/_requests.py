@@ -18,6 +18,8 @@ from pathways_nb._core import (
     ProtocolError,
     RemoteError,
     decode_mesh,
+    describe_foreign,
+    foreign,
     validate_mesh_shape,
 )
 from pathways_nb.controller._events import EventLog
@@ -25,6 +27,7 @@ from pathways_nb.controller._records import Launch, Program
 from pathways_nb.controller._resources import ResourceManager, SliceInfo
 from pathways_nb.controller._scheduler import GangScheduler, Work
 from pathways_nb.controller._tenants import Tenant, Tenants
+from pathways_nb.wire._messages import error_header
 
 # Events a status snapshot carries (the newest).
 _STATUS_EVENTS = 20
@@ -116,6 +119,7 @@ class ClientRequests:
             )
 
     def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        _check_own(t, (h["handle"],))
         s = self.rm.active(h["slice"], t.tenant)
         self._track(h["handle"], s.slice)
 
@@ -133,8 +137,10 @@ class ClientRequests:
 
     def _c_delete(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         by_slice: dict[str, list[int]] = {}
+        refused: list[object] = []
         for hd in h["handles"]:
-            if not isinstance(hd, int):
+            if foreign((hd,), t.tenant) is not None:
+                refused.append(hd)
                 continue
             sid = self._untrack(hd)
             if sid is not None:
@@ -143,13 +149,21 @@ class ClientRequests:
             s = self.rm.slices.get(sid)
             if s is not None and s.state == "active":
                 self.scheduler.submit(Work("drop", t.tenant, s.island, 0, body=(s.host, handles)))
+        if refused:
+            why = describe_foreign("array", refused[0], t.tenant)
+            self._send_client(
+                t.identity, error_header(f"delete: {len(refused)} handle(s) not deleted: {why}")
+            )
 
     def _c_launch(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        ins, outs = h["ins"], h["outs"]
+        # Its inputs need no check of their own: each must live on this tenant's slice,
+        # where only this tenant's own launches, puts and transfers put arrays.
+        _check_own(t, (h["lid"], *outs))
         s = self.rm.active(h["slice"], t.tenant)
         prog = self._programs.get(h["pid"])
         if prog is None:
             raise ProtocolError(f"program {h['pid']} was never sent to the controller")
-        ins, outs = h["ins"], h["outs"]
         if len(ins) != prog.nin or len(outs) != prog.nout:
             raise ProtocolError(
                 f"program {prog.name} takes {prog.nin} inputs and makes {prog.nout} outputs; "
@@ -184,6 +198,7 @@ class ClientRequests:
     def _c_transfer(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         """Move an array between slices: a send on the source island's queue, a receive
         on the destination's; the bytes go host to host."""
+        _check_own(t, (h["lid"], h["src"], h["dst"]))
         dst = self.rm.active(h["slice"], t.tenant)
         # Tracked first: if the move fails, consumers of the copy fail with its cause.
         self._track(h["dst"], dst.slice)
@@ -240,7 +255,8 @@ class ClientRequests:
         else:
             err = RemoteError(str(exc), kind="invalid", program=name, slice=str(h.get("slice", "")))
         self._send_done({t.tenant: [[lid, err.to_dict()]]})
-        outs = [o for o in h.get("outs", [h.get("dst")]) if isinstance(o, int)]
+        # Only its own arrays hold the error: a launch naming another tenant's fails alone.
+        outs = [o for o in h.get("outs", [h.get("dst")]) if foreign((o,), t.tenant) is None]
         s = self.rm.slices.get(str(h.get("slice")))
         if s is not None and outs:
             self._send_host(s.host, {"t": "fail_outputs", "handles": outs, "error": err.to_dict()})
@@ -355,3 +371,10 @@ class ClientRequests:
         self.tenants.remove(t.tenant)
         self.scheduler.forget_tenant(t.tenant)
         self._remap_lost()
+
+
+def _check_own(t: Tenant, ids: tuple[Any, ...]) -> None:
+    """Refuse a request naming an array or launch id that this tenant did not make."""
+    bad = foreign(ids, t.tenant)
+    if bad is not None:
+        raise ProtocolError(describe_foreign("id", bad, t.tenant))

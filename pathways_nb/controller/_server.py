@@ -28,6 +28,8 @@ from pathways_nb._core import (
     Versions,
     default_config,
     local_versions,
+    new_secret,
+    tenant_token,
     validate_weight,
 )
 from pathways_nb.controller._events import EventLog
@@ -115,6 +117,8 @@ class Controller(ClientRequests, HostMessages):
         self._bind_host = bind_host
         self._inproc = inproc
         self.versions: Versions = local_versions(with_export=False)
+        # Given to hosts as they register; a client's token is its HMAC (see _core._keys).
+        self.secret = new_secret()
         self.rm = ResourceManager()
         self.scheduler = GangScheduler(self.config.inflight_window)
         self.tenants = Tenants()
@@ -377,6 +381,7 @@ class Controller(ClientRequests, HostMessages):
                 "t": "welcome",
                 "rid": rid,
                 "tenant": t.tenant,
+                "token": tenant_token(self.secret, t.tenant),
                 "window": self.config.inflight_window,
                 "max_queued": self.config.max_queued_per_client,
                 "remaps": self.config.remap_lost_slices,

@@ -28,7 +28,6 @@ from pathways_nb._core import (
     ProtocolError,
     RemoteError,
     VersionMismatchError,
-    Versions,
     decode_dtype,
     decode_spec,
     default_config,
@@ -42,6 +41,7 @@ from pathways_nb.wire import (
     check,
     connect_dealer,
     decode,
+    departed,
     encode,
     new_inproc_address,
     peer_id,
@@ -53,6 +53,7 @@ from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._hostcopy import from_host
+from pathways_nb.worker._peers import Peers
 from pathways_nb.worker._priority import lower_native_threads
 from pathways_nb.worker._store import ObjectStore, StoreStatistics
 from pathways_nb.worker._transfer import Assembler, Sender
@@ -130,11 +131,11 @@ class Host:
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._answers = Answers(name, self.store, self._to_client, self._pool)
         self._versions = local_versions()
+        self._peers = Peers(name, self._versions)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._registered = threading.Event()
         self._refused: str | None = None
-        self._client_ok: set[bytes] = set()
         self.data_address = ""
         self._loop_ident = -1
         # Arrivals the socket thread acknowledges once its messages are handled.
@@ -250,6 +251,7 @@ class Host:
         poller.register(self._ctl, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
         poller.register(self._outbox.socket, zmq.POLLIN)
+        departed(self._data)  # from now on the router counts the peers that leave
         next_beat = time.monotonic() + _HEARTBEAT
         while not self._stopping.is_set():
             # What this thread dispatched and XLA finished is recorded here; the rest
@@ -267,6 +269,8 @@ class Host:
                 self._drain(self._ctl, self._on_controller)
             if self._data in ready:
                 self._drain(self._data, self._on_data)
+                for identity in departed(self._data):
+                    self._peers.forget(identity)
 
     def _drain(self, sock: AnySocket, handler: Any) -> None:
         for frames in receive(sock):
@@ -310,6 +314,14 @@ class Host:
                 else:
                     self.executor.submit(sk, sub)
         elif kind == "welcome":
+            try:
+                early = self._peers.key(h.get("secret"))
+                self._sender.token = self._peers.host_token()
+            except ValueError as exc:
+                self._refused = str(exc)
+                early = []
+            for identity, reply in early:
+                self._send_data(identity, encode(reply))
             self._registered.set()
         elif kind == "refuse":
             self._refused = h["reason"]
@@ -353,12 +365,13 @@ class Host:
             return
         h = msg.header
         if kind == "hello":
-            self._hello(identity, h)
+            reply = self._peers.hello(identity, h)
+            if reply is not None:
+                self._send_data(identity, encode(reply))
             return
-        if identity not in self._client_ok:
-            self._send_data(
-                identity, encode(error_header("say hello before anything else", h.get("rid")))
-            )
+        why = self._peers.refusal(identity, kind, h)
+        if why is not None:
+            self._send_data(identity, encode(error_header(why, h.get("rid"))))
             return
         if kind == "put":
             self._put(identity, h, msg.buffers)
@@ -406,19 +419,6 @@ class Host:
             self._arrival_acks.append(item)
         else:
             self._to_controller({"t": "acks", "items": [item]})
-
-    def _hello(self, identity: bytes, h: dict[str, Any]) -> None:
-        try:
-            theirs = Versions.from_dict(h["versions"])
-            why = theirs.mismatch(self._versions, "client", f"host {self.name}")
-        except ValueError as exc:
-            why = str(exc)
-        rid = h.get("rid") if isinstance(h.get("rid"), int) else 0
-        if why is None:
-            self._client_ok.add(identity)
-            self._send_data(identity, encode({"t": "welcome", "rid": rid}))
-        else:
-            self._send_data(identity, encode({"t": "refuse", "rid": rid, "reason": why}))
 
     def _put(self, identity: bytes, h: dict[str, Any], bufs: list[Any]) -> None:
         rid = h["rid"]

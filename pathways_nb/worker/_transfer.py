@@ -153,6 +153,9 @@ class Sender:
         self.transfers = 0
         # Destination layouts seen before: pieces_for costs tens of µs per send.
         self._pieces: dict[Any, list[tuple[Index, list[int]]]] = {}
+        # What the hello on each link shows: the token for hosts (see _core._keys),
+        # known once the controller has welcomed this host.
+        self.token = b""
 
     def start(self) -> Sender:
         if self._thread is None:
@@ -286,7 +289,13 @@ class Sender:
             # In one process a send to a host already closed would wait forever
             # (nothing is there to take it): wait in steps, so stop() is heard.
             s.setsockopt(zmq.SNDTIMEO, _SEND_STEP_MS)
-        hello = {"t": "hello", "role": "host", "rid": 0, "versions": local_versions().to_dict()}
+        hello = {
+            "t": "hello",
+            "role": "host",
+            "rid": 0,
+            "versions": local_versions().to_dict(),
+            "token": self.token,
+        }
         self._deliver(s, encode(hello))
         return s
 

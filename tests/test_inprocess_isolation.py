@@ -1,0 +1,196 @@
+"""Tenants' arrays are their own: a client that does not play by the rules (speaking
+the protocol itself, naming ids it did not make) cannot read, overwrite, fail or delete
+another tenant's arrays, through the controller or through a host, and hears why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb._core import local_versions
+
+
+class RawTenant:
+    """A tenant that speaks the protocol itself over its own sockets."""
+
+    def __init__(self, cluster: pw.InProcessCluster) -> None:
+        self._ctx = cluster.context
+        self.ctl = self.dealer(cluster.controller.client_address)
+        hello = {"t": "hello", "role": "client", "rid": 1, "versions": _versions()}
+        welcome = self.ask(self.ctl, hello)
+        assert welcome["t"] == "welcome", welcome
+        self.tenant: int = welcome["tenant"]
+        self.token: bytes = welcome["token"]
+        reply = self.ask(self.ctl, {"t": "allocate", "rid": 2, "mesh": [["x", 2]], "name": None})
+        self.slice: str = reply["slice"]["slice"]
+        self.data_address: str = reply["data_address"]
+        self._next = 0
+
+    def dealer(self, address: str) -> zmq.Socket[Any]:
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVTIMEO, 10_000)
+        s.connect(address)
+        return s
+
+    def id(self) -> int:
+        """An id of its own, made as a client makes them."""
+        self._next += 1
+        return (self.tenant << 40) | self._next
+
+    def ask(self, sock: zmq.Socket[Any], header: dict[str, Any]) -> dict[str, Any]:
+        sock.send_multipart([msgpack.packb(header)])
+        return dict(msgpack.unpackb(sock.recv_multipart()[0]))
+
+    def close(self) -> None:
+        self.ctl.send_multipart([msgpack.packb({"t": "bye"})])  # its slice is freed
+        self.ctl.close(0)
+
+
+def _versions() -> dict[str, Any]:
+    return local_versions().to_dict()
+
+
+@pytest.fixture
+def raw(cluster: pw.InProcessCluster) -> Iterator[RawTenant]:
+    r = RawTenant(cluster)
+    yield r
+    r.close()
+
+
+def test_the_controller_takes_no_request_naming_another_tenants_ids(
+    client: pw.Client, raw: RawTenant
+) -> None:
+    vs = client.allocate({"x": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+    y = pw.jit(lambda v: v * 2, name="double")(x)
+    pid = next(iter(client._programs_sent))
+    mine = raw.id()
+    attempts: list[tuple[dict[str, Any], str]] = [
+        ({"t": "delete", "handles": [x.handle, y.handle]}, "delete: 2 handle(s) not deleted"),
+        ({"t": "put_note", "handle": x.handle, "slice": raw.slice, "nbytes": 16}, "put_note: "),
+        (
+            {
+                "t": "launch",
+                "lid": raw.id(),
+                "slice": raw.slice,
+                "pid": pid,
+                "ins": [mine],
+                "outs": [x.handle],  # written over by this launch's output
+                "donate": [],
+            },
+            "'program': 'double'",  # its launch fails, named by its program
+        ),
+        (
+            {
+                "t": "launch",
+                "lid": y._lid,  # the controller would account the other's launch to it
+                "slice": raw.slice,
+                "pid": pid,
+                "ins": [mine],
+                "outs": [raw.id()],
+                "donate": [],
+            },
+            "'program': 'double'",  # its launch fails, named by its program
+        ),
+        (
+            {
+                "t": "transfer",
+                "lid": raw.id(),
+                "src": x.handle,
+                "dst": raw.id(),
+                "slice": raw.slice,
+                "shape": [4],
+                "dtype": "<f4",
+                "spec": [],
+            },
+            "'program': 'transfer'",
+        ),
+    ]
+    for header, what in attempts:
+        reply = raw.ask(raw.ctl, header)
+        text = str(reply.get("message") or reply.get("items"))
+        assert reply["t"] in ("error", "done"), reply
+        assert what in text and f"belongs to tenant {client.tenant}" in text, reply
+    # The other tenant never noticed: its arrays and programs are as they were.
+    np.testing.assert_array_equal(x.fetch(), np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(y.fetch(), np.arange(4, dtype=np.float32) * 2)
+    np.testing.assert_array_equal((x + y).fetch(), np.arange(4, dtype=np.float32) * 3)
+    client.wait_all(timeout=10)  # and its launches are accounted for
+
+
+def test_a_host_serves_a_connection_only_its_tenants_arrays(
+    client: pw.Client, raw: RawTenant
+) -> None:
+    vs = client.allocate({"x": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+    x.block_until_ready()
+    sock = raw.dealer(vs.data_address)
+    hello = {"t": "hello", "role": "client", "rid": 1, "versions": _versions()}
+    assert raw.ask(sock, {**hello, "tenant": raw.tenant, "token": raw.token})["t"] == "welcome"
+    put = {"shape": [4], "dtype": "<f4", "spec": [], "devices": vs.devices, "mesh": [["x", 2]]}
+    for header in (
+        {"t": "fetch", "rid": 2, "handle": x.handle},
+        {"t": "wait", "rid": 3, "handle": x.handle},
+        {"t": "fetch_many", "rid": 4, "handles": [raw.id(), x.handle]},
+        {"t": "wait_many", "rid": 5, "handles": [x.handle]},
+        {"t": "put_failed", "rid": 6, "handle": x.handle, "error": {"message": "gone"}},
+        {"t": "expect", "rid": 7, "handle": x.handle},
+    ):
+        reply = raw.ask(sock, header)
+        assert reply["t"] == "error" and reply["rid"] == header["rid"], reply
+        assert f"belongs to tenant {client.tenant}, not to this client" in reply["message"]
+    sock.send_multipart(
+        [msgpack.packb({"t": "put", "rid": 8, "handle": x.handle, **put}), b"\0" * 16]
+    )
+    reply = dict(msgpack.unpackb(sock.recv_multipart()[0]))
+    assert reply["t"] == "error" and "belongs to tenant" in reply["message"], reply
+    xfer = {"t": "xfer", "handle": raw.id(), "lid": raw.id(), "pieces": 1, "source": "me"}
+    reply = raw.ask(sock, {**xfer, **put, "t0": 0.0})
+    assert reply["t"] == "error" and "only hosts send 'xfer'" in reply["message"], reply
+    sock.close(0)
+    np.testing.assert_array_equal(x.fetch(), np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal((x + 1).fetch(), np.arange(1, 5, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("claim", "reason"),
+    [
+        ({"role": "client"}, "names its tenant id"),
+        ({"role": "client", "tenant": "1"}, "names its tenant id"),
+        ({"role": "client", "tenant": 0, "token": b""}, "names its tenant id"),
+        ({"role": "client", "tenant": "other"}, "does not prove tenant"),
+        ({"role": "client", "tenant": "mine", "token": b"forged"}, "does not prove tenant"),
+        ({"role": "client", "tenant": "mine", "token": "as text"}, "does not prove tenant"),
+        ({"role": "host", "token": "raw"}, "not a host's"),
+        ({"role": "host"}, "not a host's"),
+        ({"role": "spy", "token": "raw"}, "role is 'client' or 'host'"),
+    ],
+)
+def test_a_hello_must_prove_its_tenant_or_that_it_is_a_host(
+    client: pw.Client, raw: RawTenant, claim: dict[str, Any], reason: str
+) -> None:
+    """A token proves one tenant id: another tenant's id with it, no token, or a forged
+    one is refused, and the connection is served nothing."""
+    vs = client.allocate({"x": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+    named = {"other": client.tenant, "mine": raw.tenant}
+    hello: dict[str, Any] = {"t": "hello", "rid": 1, "versions": _versions()}
+    for k, v in claim.items():
+        hello[k] = named.get(v, v) if k == "tenant" else (raw.token if v == "raw" else v)
+    if claim.get("tenant") == "other":
+        hello["token"] = raw.token  # its own token, another tenant's id
+    sock = raw.dealer(vs.data_address)
+    reply = raw.ask(sock, hello)
+    assert reply["t"] == "refuse" and reason in reply["reason"], reply
+    reply = raw.ask(sock, {"t": "fetch", "rid": 2, "handle": x.handle})
+    assert reply["t"] == "error" and "say hello" in reply["message"], reply
+    sock.close(0)
+    np.testing.assert_array_equal(x.fetch(), np.arange(4, dtype=np.float32))
