@@ -190,12 +190,23 @@ class ObjectStore:
         # The arrays are freed once the lock is let go: freeing a JAX array lets go of
         # the GIL, and a thread waiting for this lock meanwhile would wait for both.
         dropped = []
+        orphans: list[tuple[int, list[Waiter]]] = []
         with self._lock:
             for h in handles:
                 entry = self._entries.pop(h, None)
                 if entry is not None:
                     self._bytes -= entry.nbytes
                     dropped.append(entry)
+                if self._ready_waiters:
+                    waiters = self._ready_waiters.pop(h, None)
+                    if waiters:
+                        orphans.append((h, waiters))
+        # A fetch or wait that came before the deletion (from another of the owner's
+        # threads) is answered now: nothing will ever store that handle again.
+        for h, waiters in orphans:
+            gone = Entry(error=RemoteError(f"array {h:#x} was deleted", kind="invalid"), ready=True)
+            for w in waiters:
+                w(gone)
         return len(dropped)
 
     def fail_waiters(self, make_error: Callable[[int], RemoteError]) -> None:

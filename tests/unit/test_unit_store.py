@@ -107,6 +107,22 @@ def test_a_parked_waiter_receives_a_failure() -> None:
     assert len(seen) == 1 and seen[0].error is err and seen[0].nbytes == 0
 
 
+def test_a_waiter_on_a_dropped_handle_hears_it_was_deleted() -> None:
+    """Nothing stores a handle again once it is dropped: its waiters (a fetch that came
+    before the deletion, say) are answered then, not kept for ever."""
+    store = ObjectStore()
+    seen: list[Entry] = []
+    store.set(7, "pending", 8)  # an output whose program has not finished
+    store.when_ready(7, seen.append)
+    store.when_ready(9, seen.append)  # never stored
+    assert store.drop([7, 9]) == 1
+    assert [e.error.message for e in seen if e.error is not None] == [
+        "array 0x7 was deleted",
+        "array 0x9 was deleted",
+    ]
+    assert store.statistics().waiters == 0
+
+
 def test_fail_waiters_answers_every_parked_waiter_once() -> None:
     store = ObjectStore()
     seen: list[tuple[int, str]] = []
