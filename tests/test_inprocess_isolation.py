@@ -194,3 +194,21 @@ def test_a_hello_must_prove_its_tenant_or_that_it_is_a_host(
     assert reply["t"] == "error" and "say hello" in reply["message"], reply
     sock.close(0)
     np.testing.assert_array_equal(x.fetch(), np.arange(4, dtype=np.float32))
+
+
+def test_a_fault_one_tenant_injects_is_taken_by_its_own_programs_only() -> None:
+    with pw.InProcessCluster(1, 4) as c, c.client() as a, c.client() as b:
+        va, vb = a.allocate({"x": 2}), b.allocate({"x": 2})
+        assert va.host == vb.host  # one island: both tenants' programs run on one host
+        b.inject_fault(va.host, match="shared_step")
+        xa = va.put(np.ones(4, np.float32), P("x"))
+        np.testing.assert_array_equal(
+            pw.jit(lambda v: v + 1, name="shared_step")(xa).fetch(), np.full(4, 2.0)
+        )
+        xb = vb.put(np.ones(4, np.float32), P("x"))
+        with pytest.raises(pw.RemoteError, match="injected fault"):
+            pw.jit(lambda v: v + 1, name="shared_step")(xb).fetch()
+        # Ending the host would end the other tenant's slice with it.
+        with pytest.raises(ValueError, match=r"other tenants' slices \['s\d+'\]"):
+            b.inject_fault(vb, match="anything", kind="crash")
+        np.testing.assert_array_equal((xa * 3).fetch(), np.full(4, 3.0))

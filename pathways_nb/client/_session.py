@@ -474,11 +474,12 @@ class Client(ArrayIO):
         return df
 
     def inject_fault(self, where: VirtualSlice | str, match: str = "", kind: str = "error") -> None:
-        """Test hook: the next program whose name contains ``match`` on that host fails.
+        """Test hook: the next of this client's programs whose name contains ``match``
+        on that host fails (other clients' programs never take the fault).
 
         ``kind="error"`` stores an error in its outputs; ``kind="crash"`` kills the host
-        process (a real host loss); ``kind="delay:2.5"`` holds the host's queue for that
-        long before running it.
+        process (a real host loss), refused on a host where another client has a slice;
+        ``kind="delay:2.5"`` holds the host's queue for that long before running it.
         """
         if kind not in ("error", "crash") and not kind.startswith("delay:"):
             raise ValueError(f"kind must be 'error', 'crash' or 'delay:SECONDS'; got {kind!r}")

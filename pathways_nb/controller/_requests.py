@@ -356,7 +356,20 @@ class ClientRequests:
                 f"inject_fault takes a VirtualSlice of this client or a live host's name; "
                 f"got {host!r} (live hosts: {sorted(self._host_ident)})"
             )
-        self._send_host(host, {"t": "fault", "match": h["match"], "kind": h["kind"]})
+        if h["kind"] == "crash":
+            others = sorted(
+                s.name
+                for s in self.rm.slices.values()
+                if s.host == host and s.tenant != t.tenant and s.state == "active"
+            )
+            if others:
+                raise ValueError(
+                    f"a crash fault ends host {host}, and with it other tenants' slices "
+                    f"{others}: inject it on a host only this client's slices use"
+                )
+        self._send_host(
+            host, {"t": "fault", "match": h["match"], "kind": h["kind"], "tenant": t.tenant}
+        )
         self._reply(t, h["rid"], host=host)
 
     def _drop_tenant(self, t: Tenant, why: str) -> None:

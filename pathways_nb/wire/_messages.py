@@ -97,7 +97,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "recv": {"dst": _INT, "source": _STR},
     "host_probe": {"rid": _INT, "pid": _STR, "devices": _LIST, "mesh": _LIST},
-    "fault": {"match": _STR, "kind": _STR},
+    "fault": {"match": _STR, "kind": _STR, "tenant": _INT},
     "fail_outputs": {"handles": _LIST, "error": _DICT},
     "cancel_runs": {"tenant": _INT, "message": _STR},
     # client -> host (data plane)

@@ -442,7 +442,7 @@ class Executor:
         self.fed.drop(handles)
         self.store.drop(handles)
 
-    def _do_fault(self, body: tuple[str, str]) -> None:
+    def _do_fault(self, body: tuple[str, str, int]) -> None:
         self._faults.arm(*body)
 
     def _do_fail_outputs(self, body: tuple[list[int], dict[str, Any]]) -> None:
@@ -534,7 +534,7 @@ class Executor:
             plan = self._plan(key)
             prog = plan[0] if plan is not None else self.programs.program(h["pid"])
             name = prog.name
-            self._faults.take(name)
+            self._faults.take(name, handle_owner(int(h["lid"])))
             entries = []
             for hd in h["ins"]:
                 entry = self.store.get(hd)

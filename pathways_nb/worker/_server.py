@@ -347,7 +347,7 @@ class Host:
         elif kind == "host_probe":
             self.executor.submit("probe", h)
         elif kind == "fault":
-            self.executor.submit("fault", (h["match"], h["kind"]))
+            self.executor.submit("fault", (h["match"], h["kind"], h["tenant"]))
         elif kind == "cancel_runs":
             # Not queued behind the work it cancels: it takes that work out of the queue.
             self.executor.cancel_runs(h["tenant"], h["message"])
