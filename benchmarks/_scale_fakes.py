@@ -18,14 +18,16 @@ from typing import Any
 import msgpack
 import zmq
 
-from pathways_nb._core import HandleAllocator, local_versions
+from pathways_nb._core import HandleAllocator, local_versions, program_id
 from pathways_nb.wire import DealerSocket, Poller, connect_dealer, encode_batch, pack, receive
 
 DEVICES_PER_HOST = 8
 ROUNDS_PER_BATCH = 16
 PUT_NOTES_PER_BATCH = 512  # the real client's largest batch
 FAKE_DEVICE_SECONDS = 1e-4
-PID = "scale-add-one"
+BLOB = b"not parsed"  # the controller keeps a program's bytes unparsed
+KEY = b"add_one"
+PID = program_id(BLOB, KEY)
 TIMEOUT = 120.0  # seconds any one step may take before the benchmark gives up
 
 
@@ -130,13 +132,14 @@ class _Load:
         program = {
             "t": "program",
             "pid": PID,
+            "key": KEY,
             "name": "add_one",
             "nin": 1,
             "nout": 1,
             "in_specs": [[]],
         }
         for t in self.tenants:
-            t.sock.send_multipart([msgpack.packb(program, use_bin_type=True), b"not parsed"])
+            t.sock.send_multipart([msgpack.packb(program, use_bin_type=True), BLOB])
         # The chain heads, then the idle live arrays, spread over every slice.
         every = [(t, sid) for t in self.tenants for sid in t.slices]
         notes: dict[int, list[bytes]] = collections.defaultdict(list)

@@ -212,3 +212,18 @@ def test_a_fault_one_tenant_injects_is_taken_by_its_own_programs_only() -> None:
         with pytest.raises(ValueError, match=r"other tenants' slices \['s\d+'\]"):
             b.inject_fault(vb, match="anything", kind="crash")
         np.testing.assert_array_equal((xa * 3).fetch(), np.full(4, 3.0))
+
+
+def test_a_program_id_names_its_bytes_alone(client: pw.Client, raw: RawTenant) -> None:
+    """A client cannot send other bytes under the id of a program another client runs:
+    the controller keeps a program only under the digest of what it carries."""
+    vs = client.allocate({"x": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+    f = pw.jit(lambda v: v - 1, name="decrement")
+    np.testing.assert_array_equal(f(x).fetch(), np.arange(4, dtype=np.float32) - 1)
+    (pid,) = {p.pid for p in f._programs.values()}
+    header = {"t": "program", "pid": pid, "key": b"mine", "name": "decrement", "nin": 1, "nout": 1}
+    raw.ctl.send_multipart([msgpack.packb(header), b"other bytes"])
+    reply = dict(msgpack.unpackb(raw.ctl.recv_multipart()[0]))
+    assert reply["t"] == "error" and "the id is not the digest" in reply["message"], reply
+    np.testing.assert_array_equal(f(x).fetch(), np.arange(4, dtype=np.float32) - 1)

@@ -24,6 +24,7 @@ from pathways_nb._core._ids import (
     donated_twice,
     foreign,
     handle_owner,
+    program_id,
 )
 from pathways_nb._core._keys import host_token, new_secret, tenant_token, token_matches
 from pathways_nb._core._memory import (
@@ -80,6 +81,7 @@ __all__ = [
     "machine_memory",
     "new_secret",
     "on_this_machine",
+    "program_id",
     "shard_indices",
     "tenant_token",
     "token_matches",

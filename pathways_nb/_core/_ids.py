@@ -7,6 +7,7 @@ the controller assigned at connect in the high bits, a per-client counter below.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Sequence
 
@@ -17,6 +18,14 @@ _COUNTER_MASK = (1 << TENANT_SHIFT) - 1
 def handle_owner(handle: int) -> int:
     """The tenant id that created ``handle``."""
     return handle >> TENANT_SHIFT
+
+
+def program_id(blob: bytes, key: bytes) -> str:
+    """A program's id: the digest of its ``jax.export`` bytes and ``key`` (what else
+    tells two programs of the same bytes apart). The controller checks it against the
+    bytes a program message carries, so an id names those bytes alone: no client can
+    send other bytes under the id of a program another client runs."""
+    return hashlib.sha256(blob + key).hexdigest()[:24]
 
 
 def foreign(handles: Sequence[object], tenant: int) -> object | None:

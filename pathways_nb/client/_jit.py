@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -14,7 +13,7 @@ import numpy as np
 from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import PathwaysError, encode_spec
+from pathways_nb._core import PathwaysError, encode_spec, program_id
 from pathways_nb.client._aot import Traced
 from pathways_nb.client._argnums import argnums_and_names
 from pathways_nb.client._remote import RemoteArray
@@ -35,6 +34,7 @@ class Program:
     pid: str
     name: str
     blob: bytes
+    key: bytes  # with the blob, what the pid is the digest of (see program_id)
     nin: int
     out_tree: Any
     out_avals: list[Any]
@@ -441,11 +441,11 @@ class RemoteFunction:
         in_wire = [encode_spec(a.sharding.spec) for a in avals]
         # The name is part of the identity: the event log names what ran by its program.
         key = repr((donate, in_wire, self.name)).encode()
-        digest = hashlib.sha256(blob + key).hexdigest()[:24]
         return Program(
-            pid=digest,
+            pid=program_id(blob, key),
             name=self.name,
             blob=blob,
+            key=key,
             nin=len(avals),
             out_tree=out_holder[-1],
             out_avals=list(exp.out_avals),

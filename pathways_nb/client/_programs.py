@@ -234,6 +234,7 @@ class ProgramCalls:
                 {
                     "t": "program",
                     "pid": prog.pid,
+                    "key": prog.key,
                     "name": prog.name,
                     "nin": prog.nin,
                     "nout": len(prog.out_avals),

@@ -20,6 +20,7 @@ from pathways_nb._core import (
     decode_mesh,
     describe_foreign,
     foreign,
+    program_id,
     validate_mesh_shape,
 )
 from pathways_nb.controller._events import EventLog
@@ -110,13 +111,17 @@ class ClientRequests:
     def _c_program(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         if len(bufs) != 1:
             raise ProtocolError("a program message carries exactly one frame: the jax.export bytes")
+        blob, key = bytes(bufs[0]), h.get("key")
+        if type(key) is not bytes or program_id(blob, key) != h["pid"]:
+            raise ProtocolError(
+                f"program {h['pid']!r} ({h['name']}): the id is not the digest of the bytes "
+                "and key the message carries (pathways_nb._core.program_id)"
+            )
         if h["pid"] not in self._programs:
             specs = h.get("in_specs")
             if not isinstance(specs, list) or len(specs) != h["nin"]:
                 specs = [[] for _ in range(h["nin"])]
-            self._programs[h["pid"]] = Program(
-                h["name"], bytes(bufs[0]), h["nin"], h["nout"], specs
-            )
+            self._programs[h["pid"]] = Program(h["name"], blob, h["nin"], h["nout"], specs)
 
     def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         _check_own(t, (h["handle"],))
