@@ -48,10 +48,6 @@ class Peers:
         # Hellos that came before the controller's welcome gave this host its secret.
         self._early: list[tuple[bytes, dict[str, Any]]] = []
 
-    @property
-    def keyed(self) -> bool:
-        return self._secret is not None
-
     def key(self, secret: object) -> list[tuple[bytes, dict[str, Any]]]:
         """Take the controller's secret; return the answers owed to hellos that came
         before it, as ``(identity, reply)``. Raises ValueError for a secret that is not

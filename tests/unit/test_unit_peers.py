@@ -22,14 +22,14 @@ def _client(tenant: int) -> dict[str, Any]:
 
 def test_hellos_before_the_controllers_key_are_answered_when_it_comes() -> None:
     peers = Peers("h0", local_versions())
-    assert not peers.keyed and peers.host_token() == b""
+    assert peers.host_token() == b""  # no key yet
     assert peers.hello(b"a", _client(1)) is None
     assert peers.hello(b"b", _hello(role="client", tenant=2, token=b"forged")) is None
     assert peers.refusal(b"a", "fetch", {"handle": 1 << 40}) == "say hello before anything else"
     answers = dict(peers.key(SECRET))
     assert answers[b"a"] == {"t": "welcome", "rid": 3}
     assert answers[b"b"]["t"] == "refuse" and "does not prove tenant 2" in answers[b"b"]["reason"]
-    assert peers.keyed and peers.host_token() == host_token(SECRET)
+    assert peers.host_token() == host_token(SECRET)
     assert peers.key(SECRET) == []  # nothing owed twice
 
 
