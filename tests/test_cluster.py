@@ -576,7 +576,9 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
     info_file = tmp_path / "cluster.json"
     cmd = [sys.executable, "-m", "pathways_nb.deploy._cli", "cluster", "--islands", "2"]
     cmd += ["--devices", "2", "--no-dashboard", "--scheduler-file", str(info_file)]
-    served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Quotas per client, read where the controller runs and passed on to the hosts.
+    env = {**os.environ, "PATHWAYS_TENANT_MAX_DEVICES": "2", "PATHWAYS_TENANT_STORE_BYTES": "65536"}
+    served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         info = _wait_for_file(info_file, served, 120)
         assert info["pid"] == served.pid and info["islands"] == 2
@@ -599,11 +601,17 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
         assert va.island != vb.island
         x = np.arange(8, dtype=np.float32)
         assert np.asarray(pw.jit(jnp.cumsum)(va.put(x, P("x")))).tolist() == np.cumsum(x).tolist()
+        with pytest.raises(pw.ResourceExhaustedError, match="of the 2 devices one client may"):
+            a.allocate({"x": 1})
+        with pytest.raises(pw.ResourceExhaustedError, match="over the 65536 bytes one client"):
+            va.put(np.zeros(32 * 1024, np.float32), P("x")).fetch()
         b.close()
         assert main(["status", "--scheduler-file", str(info_file), "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         # The status command looks as a tenant of its own and leaves itself out.
         assert [t["name"] for t in report["tenants"]] == ["kernel-a"]
+        assert report["quotas"] == {"max_devices": 2, "store_bytes": 65536}
+        assert [t["devices"] for t in report["tenants"]] == [2]
         assert [s["mesh"] for s in report["slices"] if s["state"] == "active"] == [{"x": 2}]
         assert main(["status", info["address"]]) == 0
         text = capsys.readouterr().out

@@ -87,6 +87,14 @@ class Config:
     # there) waits for the slice's remap before it fails with DataLossError; 0 fails at
     # once. Work whose inputs were lost with the slice fails at once either way.
     remap_wait_seconds: float = 120.0
+    # Quotas, per client (tenant), set where the controller runs; 0 is no quota. The
+    # most devices one client's slices may hold at once, its lost slices included
+    # (they come back when remapped).
+    tenant_max_devices: int = 0
+    # The most bytes of one client's arrays a host's object store holds; each host is
+    # told at registration. Past it that client's puts, programs and transfers into the
+    # host fail with ResourceExhaustedError, and the others' go on.
+    tenant_store_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
@@ -99,6 +107,12 @@ class Config:
                 "remap_wait_seconds must be a finite number of seconds, 0 or more; "
                 f"got {self.remap_wait_seconds} (PATHWAYS_REMAP_WAIT_SECONDS)"
             )
+        for name in ("tenant_max_devices", "tenant_store_bytes", "store_limit_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"{name} must be 0 (no limit) or a positive number; got "
+                    f"{getattr(self, name)} (PATHWAYS_{name.upper()})"
+                )
         if not 0 <= self.cpu_device_nice <= 19:
             raise ValueError(
                 f"cpu_device_nice must be a nice value from 0 (off) to 19; "
@@ -128,6 +142,8 @@ class Config:
             cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
             remap_lost_slices=_env_bool("PATHWAYS_REMAP_LOST_SLICES", d.remap_lost_slices),
             remap_wait_seconds=_env_float("PATHWAYS_REMAP_WAIT_SECONDS", d.remap_wait_seconds),
+            tenant_max_devices=_env_int("PATHWAYS_TENANT_MAX_DEVICES", d.tenant_max_devices),
+            tenant_store_bytes=_env_int("PATHWAYS_TENANT_STORE_BYTES", d.tenant_store_bytes),
         )
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from importlib import metadata
 from typing import Any
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,16 @@ FIELDS = ("time", "kind", "tenant", "lid", "program", "slice", "island", "host",
 ISLAND_COLUMNS = ("island", "host", "alive", "platform", "process", "devices", "free", "queued")
 DEVICE_COLUMNS = ("island", "host", "device", "slice")
 SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices", "state")
-TENANT_COLUMNS = ("tenant", "name", "weight", "launches", "pending", "device_seconds")
+TENANT_COLUMNS = (
+    "tenant",
+    "name",
+    "weight",
+    "launches",
+    "pending",
+    "device_seconds",
+    "devices",
+    "store_bytes",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +52,9 @@ class Status:
     inflight: dict[str, int]
     events_total: int
     window: int
+    # The cluster's quotas per client: ``max_devices`` its slices may hold together and
+    # ``store_bytes`` its arrays may take on one host (0: no quota).
+    quotas: dict[str, int] = dataclasses.field(default_factory=dict)
     # DataFrames built so far, by table (the snapshot itself never changes).
     _frames: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -54,6 +66,7 @@ class Status:
             inflight=dict(s["inflight"]),
             events_total=int(s["events_total"]),
             window=int(s["window"]),
+            quotas={k: int(v) for k, v in (s.get("quotas") or {}).items()},
         )
 
     def _frame(self, name: str) -> Any:
@@ -85,7 +98,9 @@ class Status:
 
     @property
     def tenants(self) -> Any:
-        """One row per client: its weight, launches, pending launches and device time."""
+        """One row per client: its weight, launches, pending launches, device time, the
+        devices its slices hold and the bytes its arrays take on the hosts (as of their
+        last heartbeat, once a second)."""
         return self._frame("tenants")
 
     @property
@@ -118,6 +133,16 @@ class Status:
             "slices:",
             self.slices.to_string(index=False) if len(self.slices) else "  (none)",
         ]
+        quotas = [
+            f"{n} {what}"
+            for n, what in (
+                (self.quotas.get("max_devices", 0), "devices"),
+                (self.quotas.get("store_bytes", 0), "bytes of arrays per host"),
+            )
+            if n
+        ]
+        if quotas:
+            lines[1:1] = [f"quotas per client: {', '.join(quotas)}"]
         return "\n".join(lines)
 
 

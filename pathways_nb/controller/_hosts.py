@@ -57,6 +57,7 @@ class HostMessages:
     _slice_handles: dict[str, set[int]]
     _lost_handles: dict[int, str]
     _probes: dict[int, tuple[bytes, int, str]]
+    _host_tenant_bytes: dict[str, dict[int, int]]
     # tenant -> [lid, error] notices not yet sent; when the oldest must go (monotonic).
     _done_buf: dict[int, list[Any]]
     _done_due: float | None
@@ -86,6 +87,8 @@ class HostMessages:
             return
         if kind == "acks":
             self._on_acks(host, h["items"])
+        elif kind == "heartbeat":
+            self._on_heartbeat(host, h)
         elif kind == "parked":
             # Launches waiting on the host for a transfer hold no window slot.
             for lid in h["lids"]:
@@ -143,10 +146,31 @@ class HostMessages:
         self.events.add(
             "host_join", island=info.island, host=host, detail=f"{len(info.devices)} devices"
         )
-        if not self._reply_peer(identity, {"t": "welcome", "secret": self.secret}):
+        welcome = {
+            "t": "welcome",
+            "secret": self.secret,
+            "tenant_store_bytes": self.config.tenant_store_bytes,
+        }
+        if not self._reply_peer(identity, welcome):
             self._lose_host(host, "its connection closed as it registered")
             return
         self._remap_lost()
+
+    def _on_heartbeat(self, host: str, h: dict[str, Any]) -> None:
+        """A host's beat carries the bytes each tenant's arrays take there, as
+        ``[[tenant, bytes], ...]``, for status snapshots; a malformed list is ignored."""
+        pairs = h.get("tenant_bytes")
+        if not isinstance(pairs, list):
+            return
+        seen = {}
+        for pair in pairs:
+            if (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and all(type(v) is int and v >= 0 for v in pair)
+            ):
+                seen[pair[0]] = pair[1]
+        self._host_tenant_bytes[host] = seen
 
     def _remap_lost(self) -> None:
         """Move lost slices onto free devices, where there are any now: after a host
@@ -260,6 +284,7 @@ class HostMessages:
             return
         lost = self.rm.lose_host(host)
         self._host_seen.pop(host, None)
+        self._host_tenant_bytes.pop(host, None)
         ident = self._host_ident.pop(host, None)
         if ident is not None:
             self._ident_host.pop(ident, None)

@@ -52,6 +52,8 @@ class ClientRequests:
     _lost_handles: dict[int, str]
     _probes: dict[int, tuple[bytes, int, str]]
     _next_rid: int
+    # host -> tenant -> bytes of its arrays there, as the host's last heartbeat said.
+    _host_tenant_bytes: dict[str, dict[int, int]]
 
     # Provided by the server, which owns the sockets.
     _send_client: Callable[..., None]
@@ -72,7 +74,7 @@ class ClientRequests:
 
     def _c_allocate(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         mesh = validate_mesh_shape(decode_mesh(h["mesh"]))
-        s = self.rm.allocate(t.tenant, mesh, h.get("name"))
+        s = self.rm.allocate(t.tenant, mesh, h.get("name"), self.config.tenant_max_devices)
         self._slice_handles[s.slice] = set()
         host = self.rm.hosts[s.host]
         self.events.add(
@@ -306,9 +308,15 @@ class ClientRequests:
                 "launches": x.launches,
                 "pending": x.pending,
                 "device_seconds": x.device_seconds,
+                "devices": self.rm.held(x.tenant),
+                "store_bytes": sum(b.get(x.tenant, 0) for b in self._host_tenant_bytes.values()),
             }
             for x in self.tenants.by_id.values()
         ]
+        snap["quotas"] = {
+            "max_devices": self.config.tenant_max_devices,
+            "store_bytes": self.config.tenant_store_bytes,
+        }
         snap["queued"] = stats.queued
         snap["inflight"] = stats.inflight
         snap["events_total"] = self.events.total

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from pathways_nb._core import BusyError, ClosedError, DataLossError
+from pathways_nb._core import BusyError, ClosedError, DataLossError, ResourceExhaustedError
 
 
 @dataclasses.dataclass
@@ -128,11 +128,14 @@ class ResourceManager:
         self._used[host].update(ids)
         return ids
 
-    def allocate(self, tenant: int, mesh: dict[str, int], name: str | None) -> SliceInfo:
+    def allocate(
+        self, tenant: int, mesh: dict[str, int], name: str | None, max_devices: int = 0
+    ) -> SliceInfo:
         """Place a virtual slice of shape ``mesh`` on free devices of one island.
 
         Slices spread: among the islands with room, the one holding the fewest active
-        slices wins, then the one with the most free devices.
+        slices wins, then the one with the most free devices. ``max_devices`` (0: none)
+        bounds the devices the tenant's slices hold together, lost ones included.
         """
         need = math.prod(mesh.values())
         if name is not None:
@@ -142,6 +145,18 @@ class ResourceManager:
                         f"this client already has an active slice named {name!r}; "
                         "release it first or choose another name"
                     )
+        if max_devices and (held := self.held(tenant)) + need > max_devices:
+            mine = [s for s in self.slices.values() if s.tenant == tenant]
+            which = ", ".join(
+                f"{s.name} ({s.size}{', lost' if s.state == 'lost' else ''})" for s in mine
+            )
+            raise ResourceExhaustedError(
+                f"mesh {mesh} needs {need} devices, and this client holds {held} "
+                f"({which or 'none'}) of the {max_devices} devices one client may hold on "
+                "this cluster (PATHWAYS_TENANT_MAX_DEVICES, set where the controller runs). "
+                "Release a slice (vs.release()), ask for a smaller mesh, or ask the "
+                "cluster's operator to raise the quota."
+            )
         host = self._place(need, None)
         if host is None:
             raise BusyError(
@@ -184,6 +199,11 @@ class ResourceManager:
             self.release(sid, tenant)
 
     # queries ------------------------------------------------------------------------
+    def held(self, tenant: int) -> int:
+        """Devices the tenant's slices hold: active ones, and lost ones waiting to be
+        remapped (they take devices again when they are)."""
+        return sum(s.size for s in self.slices.values() if s.tenant == tenant)
+
     def get(self, sid: str, tenant: int | None = None) -> SliceInfo:
         s = self.slices.get(sid) or self._gone.get(sid)
         if s is None or (tenant is not None and s.tenant != tenant):

@@ -136,6 +136,7 @@ class Controller(ClientRequests, HostMessages):
         self._slice_handles: dict[str, set[int]] = {}
         self._lost_handles: dict[int, str] = {}  # handle -> the host it was lost with
         self._probes: dict[int, tuple[bytes, int, str]] = {}  # rid -> client, its rid, host
+        self._host_tenant_bytes: dict[str, dict[int, int]] = {}
         self._done_buf: dict[int, list[Any]] = {}
         self._done_due: float | None = None
         self._next_rid = 0

@@ -135,7 +135,8 @@ def status_report(address: str, as_json: bool = False, timeout: float = 10.0) ->
             for name, table in rows.items()
             if name != "events"
         }
-        return json.dumps({"address": address, **tables}, default=str, indent=2)
+        report = {"address": address, "quotas": s.quotas, **tables}
+        return json.dumps(report, default=str, indent=2)
     return "\n".join(
         [
             f"cluster at {address}",

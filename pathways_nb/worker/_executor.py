@@ -485,9 +485,9 @@ class Executor:
                 if e.error is not None:
                     raise e.error
                 args.append(e.value)
-            if self.store.limit:
+            if self.store.limit or self.store.tenant_limit:
                 freeing = sum(entries[i].nbytes for i in donate)
-                self.store.reserve_check(prog.total_nbytes, freeing)
+                self.store.reserve_check(prog.total_nbytes, freeing, handle_owner(h["lid"]))
             if need >= CHECK_FROM:
                 self.memory.reserve(need, prog.name, sname)
                 reserved = need
@@ -545,9 +545,10 @@ class Executor:
                 entries.append(entry)
             if plan is None:
                 donate = tuple(sorted(int(i) for i in h["donate"]))
-                if self.store.limit:  # a full store fails the launch before it compiles
+                if self.store.limit or self.store.tenant_limit:
+                    # A full store fails the launch before it compiles.
                     freeing = sum(entries[i].nbytes for i in donate)
-                    self.store.reserve_check(prog.total_nbytes, freeing)
+                    self.store.reserve_check(prog.total_nbytes, freeing, handle_owner(h["lid"]))
                 compiling = time.time()
                 try:
                     fn = self.programs.executable(

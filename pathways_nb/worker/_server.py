@@ -27,10 +27,12 @@ from pathways_nb._core import (
     Config,
     ProtocolError,
     RemoteError,
+    ResourceExhaustedError,
     VersionMismatchError,
     decode_dtype,
     decode_spec,
     default_config,
+    handle_owner,
     local_versions,
 )
 from pathways_nb.wire import (
@@ -261,7 +263,8 @@ class Host:
             if time.monotonic() >= next_beat:
                 # Tells the controller this host still serves, where no cluster engine
                 # reports deaths (or the process hangs without dying).
-                self._ctl.send_multipart(encode({"t": "heartbeat"}))
+                beat = {"t": "heartbeat", "tenant_bytes": self.store.tenant_bytes()}
+                self._ctl.send_multipart(encode(beat))
                 next_beat = time.monotonic() + _HEARTBEAT
             if self._outbox.socket in ready:
                 self._send_outbox()
@@ -314,6 +317,9 @@ class Host:
                 else:
                     self.executor.submit(sk, sub)
         elif kind == "welcome":
+            quota = h.get("tenant_store_bytes")
+            if type(quota) is int and quota >= 0:
+                self.store.tenant_limit = quota
             try:
                 early = self._peers.key(h.get("secret"))
                 self._sender.token = self._peers.host_token()
@@ -407,6 +413,15 @@ class Host:
         if self.store.get(handle) is not None:
             return  # already failed: the controller gave up on this transfer (source lost)
         if err is None:
+            try:
+                # The bytes are here already; past a limit they are let go of at once.
+                self.store.reserve_check(nbytes, tenant=handle_owner(handle))
+            except ResourceExhaustedError as exc:
+                err = to_remote(
+                    exc, "resource_exhausted", program="transfer", slice="", host=self.name
+                )
+                value = None
+        if err is None:
             self.store.set(handle, value, nbytes, ("transfer", h["source"]), ready=True)
         else:
             self.store.fail(handle, err)
@@ -444,7 +459,7 @@ class Host:
         """Lay a put's value out on its slice's devices and store it."""
         mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
         sharding = NamedSharding(mesh, decode_spec(h["spec"]))
-        self.store.reserve_check(arr.nbytes)
+        self.store.reserve_check(arr.nbytes, tenant=handle_owner(int(h["handle"])))
         value = from_host(arr, sharding)
         impl = h.get("key_impl")
         if impl:

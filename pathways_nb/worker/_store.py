@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pathways_nb._core import RemoteError, ResourceExhaustedError
+from pathways_nb._core import RemoteError, ResourceExhaustedError, handle_owner
 
 
 @dataclasses.dataclass
@@ -37,16 +37,23 @@ class StoreStatistics:
     bytes: int
     limit: int
     waiters: int
+    # Bytes one tenant's arrays may take here (0: no quota), and the most any takes.
+    tenant_limit: int = 0
+    tenant_max_bytes: int = 0
 
 
 class ObjectStore:
-    """Thread-safe; ``limit`` bytes (0 = none) bounds the resident arrays."""
+    """Thread-safe; ``limit`` bytes (0 = none) bounds the resident arrays, and
+    ``tenant_limit`` (0 = none) those of each tenant (the owner of their handles)."""
 
-    def __init__(self, limit: int = 0) -> None:
+    def __init__(self, limit: int = 0, tenant_limit: int = 0) -> None:
         self.limit = limit
+        self.tenant_limit = tenant_limit
         self._entries: dict[int, Entry] = {}
         self._ready_waiters: dict[int, list[Waiter]] = {}
         self._bytes = 0
+        # tenant -> bytes of its arrays held here
+        self._owned: dict[int, int] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._cond_waiters = 0  # threads in wait(): only they need notify_all
@@ -54,14 +61,40 @@ class ObjectStore:
         self._watched: set[int] = set()
         self.on_arrival: Callable[[], None] | None = None
 
-    def reserve_check(self, nbytes: int, freeing: int = 0) -> None:
-        """Raise ResourceExhaustedError if ``nbytes`` more would pass the limit."""
+    def reserve_check(self, nbytes: int, freeing: int = 0, tenant: int | None = None) -> None:
+        """Raise ResourceExhaustedError if ``nbytes`` more, of ``tenant``'s, would pass
+        the store's limit or the tenant's (``freeing``: bytes the same step lets go of)."""
         if self.limit and self._bytes - freeing + nbytes > self.limit:
             raise ResourceExhaustedError(
                 f"the object store would hold {self._bytes - freeing + nbytes} bytes, over its "
                 f"limit of {self.limit} (now {self._bytes} resident). Delete arrays you no longer "
                 "need (`del x` or `x.delete()`) or raise PATHWAYS_STORE_LIMIT_BYTES"
             )
+        if self.tenant_limit and tenant is not None:
+            mine = self._owned.get(tenant, 0)
+            if mine - freeing + nbytes > self.tenant_limit:
+                raise ResourceExhaustedError(
+                    f"this client's arrays on this host would take {mine - freeing + nbytes} "
+                    f"bytes, over the {self.tenant_limit} bytes one client may keep on a host "
+                    f"(now {mine}; PATHWAYS_TENANT_STORE_BYTES, set where the controller "
+                    "runs). Delete arrays you no longer need (`del x` or `x.delete()`), or "
+                    "ask the cluster's operator to raise the quota"
+                )
+
+    def _account(self, handle: int, delta: int) -> None:
+        """Add ``delta`` bytes to the handle's owner; the caller holds the lock."""
+        if delta:
+            owner = handle_owner(handle)
+            left = self._owned.get(owner, 0) + delta
+            if left:
+                self._owned[owner] = left
+            else:
+                del self._owned[owner]
+
+    def tenant_bytes(self) -> list[list[int]]:
+        """``[[tenant, bytes], ...]`` of the tenants with arrays here."""
+        with self._lock:
+            return [[t, n] for t, n in self._owned.items()]
 
     def set(
         self,
@@ -111,6 +144,7 @@ class ObjectStore:
                 self._bytes -= old.nbytes
             self._entries[handle] = entry
             self._bytes += entry.nbytes
+            self._account(handle, entry.nbytes - (old.nbytes if old is not None else 0))
             waiters = self._ready_waiters.pop(handle, []) if entry.ready else []
             if self._cond_waiters:
                 self._cond.notify_all()
@@ -143,13 +177,19 @@ class ObjectStore:
         if len(handles) != len(values):
             raise ValueError(f"{len(handles)} handles for {len(values)} outputs")
         entries = self._entries
+        account = self._account
         with self._lock:
             for h, v, n in zip(handles, values, nbytes, strict=True):
                 old = entries.get(h)
                 if old is not None:
                     self._bytes -= old.nbytes
+                    n0 = old.nbytes
+                else:
+                    n0 = 0
                 entries[h] = Entry(v, None, n, origin, False)
                 self._bytes += n
+                if n != n0:
+                    account(h, n - n0)
             if self._cond_waiters:
                 self._cond.notify_all()
             arrived = bool(self._watched) and not self._watched.isdisjoint(handles)
@@ -196,6 +236,7 @@ class ObjectStore:
                 entry = self._entries.pop(h, None)
                 if entry is not None:
                     self._bytes -= entry.nbytes
+                    self._account(h, -entry.nbytes)
                     dropped.append(entry)
                 if self._ready_waiters:
                     waiters = self._ready_waiters.pop(h, None)
@@ -229,4 +270,6 @@ class ObjectStore:
                 bytes=self._bytes,
                 limit=self.limit,
                 waiters=sum(len(w) for w in self._ready_waiters.values()),
+                tenant_limit=self.tenant_limit,
+                tenant_max_bytes=max(self._owned.values(), default=0),
             )

@@ -206,6 +206,8 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "cpu_device_spread": "1",
         "remap_lost_slices": "0",
         "remap_wait_seconds": "12.5",
+        "tenant_max_devices": "6",
+        "tenant_store_bytes": "8192",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -226,6 +228,8 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         cpu_device_spread=True,
         remap_lost_slices=False,
         remap_wait_seconds=12.5,
+        tenant_max_devices=6,
+        tenant_store_bytes=8192,
     )
 
 
@@ -260,6 +264,18 @@ def test_a_nice_value_out_of_range_says_which_range(
 def test_a_host_must_keep_at_least_one_executable(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("PATHWAYS_HOST_EXECUTABLES", "0")
     with pytest.raises(ValueError, match=r"at least 1; got 0 \(PATHWAYS_HOST_EXECUTABLES\)"):
+        Config.from_env()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["PATHWAYS_TENANT_MAX_DEVICES", "PATHWAYS_TENANT_STORE_BYTES", "PATHWAYS_STORE_LIMIT_BYTES"],
+)
+def test_a_limit_is_zero_or_positive(clean_env: pytest.MonkeyPatch, name: str) -> None:
+    clean_env.setenv(name, "-4")
+    with pytest.raises(
+        ValueError, match=rf"0 \(no limit\) or a positive number; got -4 \({name}\)"
+    ):
         Config.from_env()
 
 

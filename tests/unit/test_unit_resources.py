@@ -297,3 +297,33 @@ def test_lost_slices_move_oldest_first_where_they_fit_and_released_ones_never() 
     assert rm.remap_lost() == [] and big.state == "lost"  # programs were made for cpu
     rm.add_host(host("f", 8))
     assert rm.remap_lost() == [big] and big.host == "f"
+
+
+def test_a_device_quota_bounds_what_one_tenant_holds_lost_slices_included() -> None:
+    from pathways_nb._core import ResourceExhaustedError
+
+    rm = manager(host("a", 4), host("b", 4), host("c", 4))
+    rm.allocate(1, {"x": 2}, "first", max_devices=4)
+    second = rm.allocate(1, {"x": 2}, "second", max_devices=4)
+    assert rm.held(1) == 4
+    with pytest.raises(ResourceExhaustedError) as info:
+        rm.allocate(1, {"x": 1}, None, max_devices=4)
+    assert str(info.value) == (
+        "[resource_exhausted] mesh {'x': 1} needs 1 devices, and this client holds 4 "
+        "(first (2), second (2)) of the 4 devices one client may hold on this cluster "
+        "(PATHWAYS_TENANT_MAX_DEVICES, set where the controller runs). Release a slice "
+        "(vs.release()), ask for a smaller mesh, or ask the cluster's operator to raise "
+        "the quota."
+    )
+    # Another tenant has a quota of its own; the refused request took nothing.
+    assert rm.allocate(2, {"x": 2}, None, max_devices=4).size == 2
+    assert rm.held(2) == 2 and rm.held(1) == 4
+    # A lost slice still counts: it takes devices again when it is remapped.
+    rm.lose_host(second.host)
+    with pytest.raises(ResourceExhaustedError, match=r"second \(2, lost\)"):
+        rm.allocate(1, {"x": 1}, None, max_devices=4)
+    rm.release(second.slice, 1)
+    assert rm.held(1) == 2
+    assert rm.allocate(1, {"x": 2}, None, max_devices=4).size == 2
+    # 0 is no quota.
+    assert rm.allocate(1, {"x": 1}, None, max_devices=0).size == 1

@@ -20,7 +20,7 @@ def test_set_get_and_statistics() -> None:
     assert store.get(4) is None
     assert store.bytes == 150
     assert store.statistics() == StoreStatistics(
-        arrays=2, errors=1, bytes=150, limit=1000, waiters=0
+        arrays=2, errors=1, bytes=150, limit=1000, waiters=0, tenant_max_bytes=150
     )
 
 
@@ -211,3 +211,41 @@ def test_watched_absent_handles_call_on_arrival_once_when_stored() -> None:
     store.unwatch([5])
     store.set(5, "e", 8)
     assert calls == [1, 1]
+
+
+def test_a_tenant_quota_counts_each_owners_bytes_apart() -> None:
+    from pathways_nb._core._ids import TENANT_SHIFT
+
+    def of(tenant: int, n: int) -> int:
+        return (tenant << TENANT_SHIFT) | n
+
+    store = ObjectStore(limit=0, tenant_limit=100)
+    store.set(of(1, 1), "a", 60)
+    store.set_many([of(1, 2), of(2, 1)], ["b", "c"], [30, 90], ("p", "s"))
+    assert sorted(store.tenant_bytes()) == [[1, 90], [2, 90]]
+    store.reserve_check(10, tenant=1)
+    with pytest.raises(ResourceExhaustedError) as info:
+        store.reserve_check(11, tenant=1)
+    assert info.value.message == (
+        "this client's arrays on this host would take 101 bytes, over the 100 bytes one "
+        "client may keep on a host (now 90; PATHWAYS_TENANT_STORE_BYTES, set where the "
+        "controller runs). Delete arrays you no longer need (`del x` or `x.delete()`), "
+        "or ask the cluster's operator to raise the quota"
+    )
+    store.reserve_check(11, freeing=1, tenant=1)  # a donated input makes room
+    store.reserve_check(10, tenant=2)
+    store.reserve_check(10**6)  # no tenant named: only the store's own limit applies
+    # Overwriting, failing and dropping handles move their owner's count.
+    store.set(of(1, 1), "a2", 20)
+    store.fail(of(1, 2), RemoteError("x"))
+    assert sorted(store.tenant_bytes()) == [[1, 20], [2, 90]]
+    store.drop([of(1, 1)])
+    assert store.tenant_bytes() == [[2, 90]]
+    stats = store.statistics()
+    assert (stats.tenant_limit, stats.tenant_max_bytes, stats.bytes) == (100, 90, 90)
+
+
+def test_the_stores_own_limit_is_checked_before_a_tenants_quota() -> None:
+    store = ObjectStore(limit=50, tenant_limit=100)
+    with pytest.raises(ResourceExhaustedError, match="over its limit of 50"):
+        store.reserve_check(60, tenant=1)
