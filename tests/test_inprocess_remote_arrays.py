@@ -427,3 +427,33 @@ def test_float0_outputs_come_back_as_numpy_float0_arrays_as_from_jax_jit(
     with pytest.raises(TypeError, match="put does not take float0 arrays"):
         vs.put(got["n"])
     np.testing.assert_array_equal(np.asarray(got["w"] + 1), np.asarray(want["w"]) + 1)
+
+
+def test_jax_outside_pw_jit_refuses_a_remote_array_without_fetching_it() -> None:
+    """jax.jit(f)(x) for pw.jit(f)(x) is the likely slip: JAX's own error for a type it
+    does not know formats the value (a fetch) and suggests static arguments."""
+    with pw.InProcessCluster(1, 2) as cluster:
+        client = cluster.client()
+        vs = client.allocate({"data": 2})
+        x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+        client.inject_fault(vs, match="slow", kind="delay:5")
+        y = pw.jit(lambda v: v * 2, name="slow")(x)
+        calls = {
+            "jax.jit": lambda: jax.jit(lambda v: v + 1)(y),
+            "jnp.sin": lambda: jnp.sin(y),
+            "jax.device_put": lambda: jax.device_put(y),
+        }
+        for what, call in calls.items():
+            with pytest.raises(ValueError) as info:
+                call()
+            message = str(info.value)
+            assert message.startswith(
+                "a pathways_nb RemoteArray (shape (4,), float32) lives on slice 's1' of the "
+                "cluster, not in this process"
+            ), what
+            assert "pw.jit(f)(x) where you wrote jax.jit(f)(x)" in message
+        assert not y.is_ready()  # nothing waited for its value
+        # What the message offers works.
+        here = jnp.sin(jnp.asarray(y.fetch()))
+        np.testing.assert_array_equal(pw.jit(jnp.sin)(y).fetch(), here)
+        np.testing.assert_array_equal(here, jnp.sin(jnp.arange(4.0, dtype=jnp.float32) * 2))

@@ -506,5 +506,7 @@ def _rows(x: Any) -> tuple[Any, ...]:
 
 # Last: the operator module installs its methods on the class defined above.
 from pathways_nb.client import _operators  # noqa: E402
+from pathways_nb.client._jaxtype import refuse_in_jax  # noqa: E402
 
 _operators.install(RemoteArray)
+refuse_in_jax(RemoteArray)
