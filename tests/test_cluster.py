@@ -280,6 +280,28 @@ _DOOMED_CLIENT = textwrap.dedent(
 )
 
 
+def test_a_burst_of_chained_launches_keeps_few_arrays_under_a_store_quota() -> None:
+    """``x = f(x)`` in a loop drops each array as the next launch takes it. Those
+    deletions leave with the launches once they add up (not on the client IO thread's
+    next turn, up to 50 ms later), so the host never keeps the whole burst's arrays: a
+    store quota of a dozen arrays carries a burst of 64 launches."""
+    env = {"PATHWAYS_TENANT_STORE_BYTES": str(3 * 2**20)}
+    with (
+        pw.LocalCluster(islands=1, devices_per_island=2, dashboard=False, env=env) as c,
+        pw.Client(c) as client,
+    ):
+        vs = client.allocate({"x": 2})
+        m0 = np.eye(256, dtype=np.float32) * 0.5  # 256 KiB
+        step = pw.jit(lambda m: jnp.tanh(m @ m + 0.1), name="step")
+        m = vs.put(m0, P("x"))
+        for _ in range(64):
+            m = step(m)
+        expected = m0
+        for _ in range(64):
+            expected = np.tanh(expected @ expected + 0.1)
+        np.testing.assert_allclose(m.fetch(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_a_killed_client_process_frees_its_slices_at_once(local: pw.LocalCluster) -> None:
     """A client whose process dies (SIGKILL: no goodbye) loses its slices as soon as its
     connection closes, not when its lease lapses (30 s); another tenant's work goes on

@@ -44,6 +44,12 @@ _BATCHED = b"b"
 _HOST = b"h"
 _FORGET = b"f"
 _MAX_BATCH = 512
+# Deletions of this many bytes or more leave with the next message the calling thread
+# sends itself, instead of waiting for the IO thread's next turn (up to 50 ms): a burst of
+# launches that each drop a large array would otherwise keep all of them on the host.
+_EAGER_DELETE_BYTES = 1 << 20
+# Handles per delete message.
+_MAX_DELETE = 4096
 
 
 class IOThread:
@@ -64,8 +70,10 @@ class IOThread:
         # or by a caller sending directly, so the controller sees them in submission order.
         self._ctl_lock = threading.Lock()
         self._direct = sends_from_any_thread(self._ctl)
-        # Deletions wait here, apart from the outbox, for the IO thread's next turn.
+        # Deletions wait here, apart from the outbox, for the IO thread's next turn (or
+        # a direct send, see _to_controller), with about how many bytes they free.
         self._deletes: collections.deque[int] = collections.deque()
+        self._delete_bytes = 0
         self._hosts: dict[str, DealerSocket] = {}
         self._host_of_socket: dict[DealerSocket, str] = {}
         self._futures: dict[int, tuple[Future[Any], str | None]] = {}
@@ -135,6 +143,11 @@ class IOThread:
         if self._direct and self._outbox.empty():
             with self._ctl_lock:
                 if self._outbox.empty() and not self._stopping.is_set():
+                    if self._delete_bytes >= _EAGER_DELETE_BYTES:
+                        # Safe ahead of this message: every launch that reads a deleted
+                        # array was handed off before its deletion, and with the outbox
+                        # empty under this lock, all of those have left.
+                        self._send_deletes()
                     self._safe_send(self._ctl, frames)
                     return
         self._outbox.send(kind, frames if queued is None else queued)
@@ -223,14 +236,36 @@ class IOThread:
         except zmq.ZMQError as exc:
             log.warning("client send failed: %s", exc)
 
-    def delete_soon(self, handle: int) -> None:
-        """Queue a deletion; safe from any thread, including from ``__del__``.
+    def delete_soon(self, handle: int, nbytes: int = 0, wake: bool = False) -> None:
+        """Queue a deletion of an array of ``nbytes``; safe from any thread, including
+        from ``__del__`` (where ``wake`` must stay False).
 
-        It leaves on the IO thread's next turn, after every launch submitted before it
-        (those left from their callers already, or wait in the outbox, which that turn
-        sends first): no launch can find its input already gone.
+        It leaves on the IO thread's next turn, which ``wake`` starts now, after every
+        launch submitted before it (those left from their callers already, or wait in the
+        outbox, which that turn sends first): no launch can find its input already gone.
+        Once the deletions queued add up to ``_EAGER_DELETE_BYTES``, they leave with the
+        next message a caller sends itself.
         """
         self._deletes.append(handle)
+        # Not atomic between threads: a count a little off only moves when they leave.
+        self._delete_bytes += nbytes
+        if wake:
+            self._outbox.send(b"w", None)
+
+    def _send_deletes(self) -> None:
+        """Send the queued deletions now; the caller holds ``_ctl_lock``."""
+        self._send_batch(self._delete_messages())
+
+    def _delete_messages(self) -> list[Any]:
+        """The queued deletions, taken off the queue, as packed delete messages."""
+        self._delete_bytes = 0
+        deletes: list[int] = []
+        while self._deletes:
+            deletes.append(self._deletes.popleft())
+        return [
+            pack({"t": "delete", "handles": deletes[at : at + _MAX_DELETE]})
+            for at in range(0, len(deletes), _MAX_DELETE)
+        ]
 
     def _drain_outbox(self) -> None:
         with self._ctl_lock:
@@ -241,9 +276,7 @@ class IOThread:
         # before a deletion may still read the array), so they are gathered and sent once,
         # after everything else this drain sends to the controller.
         batch: list[Any] = []
-        deletes: list[int] = []
-        while self._deletes:
-            deletes.append(self._deletes.popleft())
+        deletes = self._delete_messages()
         for target, payload in self._outbox.drain():
             if target == _BATCHED:
                 batch.append(payload)
@@ -268,12 +301,13 @@ class IOThread:
                     self.fail_host(address, exc)
                     continue
                 self._safe_send(sock, payload)
-        for i in range(0, len(deletes), 4096):
-            batch.append(pack({"t": "delete", "handles": deletes[i : i + 4096]}))
+        batch.extend(deletes)
         if batch:
             self._send_batch(batch)
 
     def _send_batch(self, batch: list[Any]) -> None:
+        if not batch:
+            return
         self._safe_send(self._ctl, [batch[0] if len(batch) == 1 else encode_batch(batch)])
 
     def _host_socket(self, address: str) -> DealerSocket:

@@ -103,6 +103,10 @@ class RemoteArray(Placement):
     def nbytes(self) -> int:
         return self.size * self.itemsize
 
+    def _bytes(self) -> int:
+        """``nbytes`` without its checks, for ``__del__``: an estimate is enough there."""
+        return math.prod(self.shape) * int(getattr(self.dtype, "itemsize", 0))
+
     @property
     def itemsize(self) -> int:
         # A typed PRNG key's dtype (key<fry>) is no NumPy dtype, but it has its size.
@@ -410,13 +414,13 @@ class RemoteArray(Placement):
         """Free the buffers on the host now; using the array afterwards is an error."""
         if not self._deleted:
             self._deleted = True
-            self._client._delete_soon(self.handle)
+            self._client._delete_soon(self.handle, self._bytes(), wake=True)
 
     def __del__(self) -> None:
         try:
             if not self._deleted:
                 self._deleted = True
-                self._client._delete_soon(self.handle)
+                self._client._delete_soon(self.handle, self._bytes())
         except Exception:  # interpreter shutdown: nothing left to tell
             pass
 

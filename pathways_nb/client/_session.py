@@ -350,12 +350,12 @@ class Client(ArrayIO):
     def _is_done(self, lid: int) -> bool:
         return lid not in self._pending
 
-    def _delete_soon(self, handle: int) -> None:
+    def _delete_soon(self, handle: int, nbytes: int = 0, wake: bool = False) -> None:
         if self._fed and self._defer_delete(handle):
             return
         if not self._closed:
             self._errors.pop(handle, None)
-            self._io.delete_soon(handle)
+            self._io.delete_soon(handle, nbytes, wake)
 
     # notifications from the IO thread -------------------------------------------------
     def _on_push(self, h: dict[str, Any]) -> None:
