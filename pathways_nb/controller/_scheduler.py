@@ -90,6 +90,13 @@ class GangScheduler:
         self._busy: list[tuple[float, int]] = []
         self._in_busy: set[int] = set()
         self._arrivals = itertools.count()
+        # A competition lasts while some tenant has work queued. Each starts with every
+        # tenant level, at the largest pass there was (see submit); a tenant's entry in
+        # _joined says in which competition it last joined.
+        self._max_pass = 0.0
+        self._level = 0.0
+        self._competition = 0
+        self._joined: dict[int, int] = {}
         self._dispatched = 0
         self._completed = 0
 
@@ -116,9 +123,21 @@ class GangScheduler:
         tenant = work.tenant
         if self._queued[tenant] == 0:
             # A tenant that (re)joins the competition starts level with the tenants that
-            # are busy now: idle time earns no credit, so it cannot starve them.
+            # are busy now: idle time earns no credit, so it cannot starve them. Within
+            # one competition it keeps what it owes (a tenant submitting one launch at a
+            # time still waits its turn behind its last one); once every queue has emptied
+            # a new one begins, level for all: what a tenant ran while no other waited
+            # took nothing from anyone, and would otherwise give every slot to the
+            # tenants that were idle meanwhile when all come back at once.
+            # Passes only grow (see the top): levelling raises the others to the largest.
             busy = self._least_busy_pass()
+            if busy is None:
+                self._competition += 1
+                self._level = self._max_pass
             mine = self._pass.get(tenant, 0.0)
+            if self._joined.get(tenant) != self._competition:
+                mine = max(mine, self._level)
+                self._joined[tenant] = self._competition
             self._pass[tenant] = mine if busy is None else max(mine, busy)
             if tenant not in self._in_busy:
                 self._in_busy.add(tenant)
@@ -238,9 +257,9 @@ class GangScheduler:
                     self._inflight[q.window_key] += 1
                     self._inflight_lids[head.lid] = (q.window_key, head)
                     cost = self._cost.get(head.cost_key, self.DEFAULT_COST)
-                    self._pass[tenant] = self._pass.get(tenant, 0.0) + cost / self._weight.get(
-                        tenant, 1.0
-                    )
+                    after = self._pass.get(tenant, 0.0) + cost / self._weight.get(tenant, 1.0)
+                    self._pass[tenant] = after
+                    self._max_pass = max(self._max_pass, after)
                     self._dispatched += 1
                 out.append(head)
         return out
@@ -282,6 +301,7 @@ class GangScheduler:
         if not self._queued[tenant]:
             self._pass.pop(tenant, None)
             self._weight.pop(tenant, None)
+            self._joined.pop(tenant, None)
             del self._queued[tenant]
 
     def inflight_lids(self) -> Iterable[int]:

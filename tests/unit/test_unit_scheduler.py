@@ -201,12 +201,14 @@ def test_a_newcomer_starts_level_with_the_busy_tenants() -> None:
     assert s.statistics().tenant_pass == pytest.approx({1: 4e-3, 2: 4e-3})
     s.submit(run(3))
     assert s.statistics().tenant_pass[3] == pytest.approx(4e-3)
-    # With nobody else queued, a newcomer keeps its own (zero) pass.
+    # With nobody queued, a newcomer starts a competition level with the tenants before:
+    # at the largest pass, which a tenant who ran alone meanwhile has (what it ran took
+    # nothing from anyone).
     idle = scheduler(8)
     idle.submit(run(5))
     idle.dispatch()
     idle.submit(run(6))
-    assert idle.statistics().tenant_pass[6] == 0.0
+    assert idle.statistics().tenant_pass[6] == pytest.approx(1e-3)
 
 
 def test_forget_tenant_drops_an_idle_tenant() -> None:
@@ -260,6 +262,43 @@ def test_a_tenant_returning_from_idle_does_not_starve_the_others() -> None:
     shares(s, {2: 0.01}, 50)  # tenant 1 sits idle while tenant 2 works
     got = shares(s, {1: 0.01, 2: 0.01}, 20)
     assert got[2] >= 8
+
+
+def test_tenants_returning_together_share_by_weight_whoever_ran_alone_last() -> None:
+    """Both tenants go idle, the heavy one first (the light one then runs alone), and
+    both come back at once: they share by weight from the first launch, as before."""
+    s = scheduler(1)
+    s.set_weight(1, 3.0)
+    s.set_weight(2, 1.0)
+    for _ in range(3):
+        shares(s, {1: 0.01, 2: 0.01}, 40)
+        s.cancel(1)  # the heavy tenant is done
+        shares(s, {2: 0.01}, 30)  # the light one runs alone
+        s.cancel(2)
+        while s.inflight_lids():
+            s.complete(next(iter(s.inflight_lids())), 0.01)
+        got = shares(s, {1: 0.01, 2: 0.01}, 40)
+        assert 27 <= got[1] <= 33, got
+        s.cancel(1)
+        s.cancel(2)
+        while s.inflight_lids():
+            s.complete(next(iter(s.inflight_lids())), 0.01)
+
+
+def test_one_dear_warm_up_launch_does_not_hand_the_next_backlog_to_the_other() -> None:
+    """A program's first run is slow (caches, page faults): the next tenant's first launch
+    of it is charged that estimate while nobody else waits. When both then queue a
+    backlog, they share by weight from the start."""
+    s = scheduler(1)
+    s.set_weight(1, 3.0)
+    s.set_weight(2, 1.0)
+    for tenant, seconds in ((1, 0.5), (2, 0.001)):
+        w = run(tenant, cost_key="prog")
+        s.submit(w)
+        assert s.dispatch() == [w]
+        s.complete(w.lid, seconds)
+    got = shares(s, {1: 0.01, 2: 0.01}, 40)
+    assert 27 <= got[1] <= 33, got
 
 
 class _Checked(GangScheduler):
