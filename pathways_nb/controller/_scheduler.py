@@ -259,7 +259,8 @@ class GangScheduler:
                     cost = self._cost.get(head.cost_key, self.DEFAULT_COST)
                     after = self._pass.get(tenant, 0.0) + cost / self._weight.get(tenant, 1.0)
                     self._pass[tenant] = after
-                    self._max_pass = max(self._max_pass, after)
+                    if after > self._max_pass:
+                        self._max_pass = after
                     self._dispatched += 1
                 out.append(head)
         return out
