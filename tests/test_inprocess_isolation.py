@@ -227,3 +227,58 @@ def test_a_program_id_names_its_bytes_alone(client: pw.Client, raw: RawTenant) -
     reply = dict(msgpack.unpackb(raw.ctl.recv_multipart()[0]))
     assert reply["t"] == "error" and "the id is not the digest" in reply["message"], reply
     np.testing.assert_array_equal(f(x).fetch(), np.arange(4, dtype=np.float32) - 1)
+
+
+def test_a_client_flooding_the_controller_is_refused_past_its_share() -> None:
+    """pw.Client blocks at max_queued_per_client launches not yet done; a client that
+    speaks the protocol itself is held to twice that by the controller, whose memory
+    would otherwise grow without end, and every other client keeps being served."""
+    from pathways_nb._core import Config
+
+    with pw.InProcessCluster(1, 4, config=Config(max_queued_per_client=4)) as cluster:
+        client = cluster.client()
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+        double = pw.jit(lambda v: v * 2, name="double")
+        double(x).block_until_ready()
+        pid = next(iter(client._programs_sent))
+        raw = RawTenant(cluster)
+        try:
+            # An input the raw tenant says it put but never sends: its launches wait on
+            # the host and stay pending.
+            never = raw.id()
+            raw.ctl.send_multipart(
+                [
+                    msgpack.packb(
+                        {"t": "put_note", "handle": never, "slice": raw.slice, "nbytes": 16}
+                    )
+                ]
+            )
+            lids = [raw.id() for _ in range(12)]
+            for lid in lids:
+                launch = {
+                    "t": "launch",
+                    "lid": lid,
+                    "slice": raw.slice,
+                    "pid": pid,
+                    "ins": [never],
+                    "outs": [raw.id()],
+                    "donate": [],
+                }
+                raw.ctl.send_multipart([msgpack.packb(launch)])
+            refused: dict[int, Any] = {}
+            while len(refused) < 4:
+                msg = dict(msgpack.unpackb(raw.ctl.recv_multipart()[0]))
+                if msg["t"] == "done":
+                    refused |= {lid: err for lid, err in msg["items"] if err}
+            assert sorted(refused) == lids[8:]
+            err = next(iter(refused.values()))
+            assert err["kind"] == "resource_exhausted" and err["program"] == "double"
+            assert err["message"].startswith(
+                "this client has 8 launches and transfers queued or running, the most the "
+                "controller holds for one client (8: twice PATHWAYS_MAX_QUEUED_PER_CLIENT"
+            )
+            # The other client is served as before.
+            np.testing.assert_array_equal(double(x).fetch(), np.arange(4) * 2)
+        finally:
+            raw.close()

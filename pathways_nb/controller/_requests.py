@@ -17,6 +17,7 @@ from pathways_nb._core import (
     DataLossError,
     ProtocolError,
     RemoteError,
+    ResourceExhaustedError,
     decode_mesh,
     describe_foreign,
     foreign,
@@ -162,7 +163,24 @@ class ClientRequests:
                 t.identity, error_header(f"delete: {len(refused)} handle(s) not deleted: {why}")
             )
 
+    def _check_room(self, t: Tenant) -> None:
+        """Refuse a launch or transfer past what the controller holds for one client.
+
+        ``pw.Client`` blocks at ``max_queued_per_client`` launches not yet done, so it
+        never comes near twice that; a client speaking the protocol itself could queue
+        without end and take the controller's memory, and so everyone's cluster, with it.
+        """
+        limit = 2 * self.config.max_queued_per_client
+        if t.pending >= limit:
+            raise ResourceExhaustedError(
+                f"this client has {t.pending} launches and transfers queued or running, the "
+                f"most the controller holds for one client ({limit}: twice "
+                "PATHWAYS_MAX_QUEUED_PER_CLIENT, within which pw.Client keeps by blocking). "
+                "Wait for results before submitting more"
+            )
+
     def _c_launch(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
+        self._check_room(t)
         ins, outs = h["ins"], h["outs"]
         # Its inputs need no check of their own: each must live on this tenant's slice,
         # where only this tenant's own launches, puts and transfers put arrays.
@@ -205,6 +223,7 @@ class ClientRequests:
     def _c_transfer(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         """Move an array between slices: a send on the source island's queue, a receive
         on the destination's; the bytes go host to host."""
+        self._check_room(t)
         _check_own(t, (h["lid"], h["src"], h["dst"]))
         dst = self.rm.active(h["slice"], t.tenant)
         # Tracked first: if the move fails, consumers of the copy fail with its cause.
