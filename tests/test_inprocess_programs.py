@@ -615,3 +615,53 @@ def test_a_host_keeps_its_most_recent_executables_and_compiles_a_dropped_one_aga
         _, again = cluster.hosts[0].statistics()
         assert again.executables == 4 and again.compiles > stats.compiles
         assert len(cluster.hosts[0].executor._plans) <= 4
+
+
+def test_a_departed_clients_programs_go_unless_another_uses_them() -> None:
+    """A cluster outliving many notebooks keeps only the programs of the clients still
+    connected, on the controller and on the hosts (compiled executables included)."""
+    import time
+
+    with pw.InProcessCluster(1, 2) as cluster:
+        a, b = cluster.client(name="a"), cluster.client(name="b")
+        va, vb = a.allocate({"x": 1}), b.allocate({"x": 1})
+        x = va.put(np.arange(4, dtype=np.float32), P())
+        y = vb.put(np.arange(4, dtype=np.float32), P())
+        shared = pw.jit(lambda v: v + 1, name="shared")
+        mine = pw.jit(lambda v: v * 3, name="mine")
+        np.testing.assert_array_equal(shared(x).fetch(), np.arange(4) + 1)
+        np.testing.assert_array_equal(mine(x).fetch(), np.arange(4) * 3)
+        np.testing.assert_array_equal(shared(y).fetch(), np.arange(4) + 1)
+        host = cluster.hosts[0]
+
+        def counts() -> tuple[int, int, int]:
+            executor = host.statistics()[1]
+            return cluster.controller.statistics().programs, executor.programs, executor.executables
+
+        # shared is compiled for each client's device, mine for one.
+        assert counts() == (2, 2, 3)
+        a.close()
+        deadline = time.monotonic() + 10
+        while counts() != (1, 1, 2):  # the host drops them behind its queued work
+            assert time.monotonic() < deadline, counts()
+            time.sleep(0.01)
+        # The program the other client uses stays, compiled.
+        np.testing.assert_array_equal(shared(y).fetch(), np.arange(4) + 1)
+        assert host.statistics()[1].compiles == 3
+        b.close()
+        while counts() != (0, 0, 0):
+            assert time.monotonic() < deadline, counts()
+            time.sleep(0.01)
+
+
+def test_a_function_traced_on_one_cluster_runs_on_the_next() -> None:
+    """A notebook that stops its cluster and starts another (``%pathways stop`` and
+    ``start``) calls the same pw.jit functions again: each client sends the programs its
+    controller has not got, traced before or not."""
+    f = pw.jit(lambda v: v + 1, name="f")
+    for _ in range(2):
+        with pw.InProcessCluster(1, 2) as cluster:
+            vs = cluster.client().allocate({"x": 2})
+            x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+            np.testing.assert_array_equal(f(x).fetch(), np.arange(4) + 1)
+    assert len(f._programs) == 1  # traced once

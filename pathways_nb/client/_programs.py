@@ -83,6 +83,10 @@ class ProgramCalls:
                 return self._trace_only(f, prog, vs, arrays, rec)  # not sent, not cached
             self._register(prog, vs)
             f._programs[key] = prog
+        elif prog.pid not in self._programs_sent:
+            # Traced for another client (of this cluster or one before it): this one's
+            # controller has not got it.
+            self._register(prog, vs)
         if rec is not None:
             if rec.tracing:
                 return self._trace_only(f, prog, vs, arrays, rec)

@@ -53,6 +53,8 @@ class ClientRequests:
     _lost_handles: dict[int, str]
     _probes: dict[int, tuple[bytes, int, str]]
     _next_rid: int
+    # pid -> tenants that sent or launched it; a program goes when the last has left.
+    _program_users: dict[str, set[int]]
     # host -> tenant -> bytes of its arrays there, as the host's last heartbeat said.
     _host_tenant_bytes: dict[str, dict[int, int]]
 
@@ -125,6 +127,7 @@ class ClientRequests:
             if not isinstance(specs, list) or len(specs) != h["nin"]:
                 specs = [[] for _ in range(h["nin"])]
             self._programs[h["pid"]] = Program(h["name"], blob, h["nin"], h["nout"], specs)
+        self._program_users.setdefault(h["pid"], set()).add(t.tenant)
 
     def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         _check_own(t, (h["handle"],))
@@ -189,6 +192,7 @@ class ClientRequests:
         prog = self._programs.get(h["pid"])
         if prog is None:
             raise ProtocolError(f"program {h['pid']} was never sent to the controller")
+        self._program_users[h["pid"]].add(t.tenant)
         if len(ins) != prog.nin or len(outs) != prog.nout:
             raise ProtocolError(
                 f"program {prog.name} takes {prog.nin} inputs and makes {prog.nout} outputs; "
@@ -415,7 +419,28 @@ class ClientRequests:
         self.events.add("tenant_leave", t.tenant, detail=why)
         self.tenants.remove(t.tenant)
         self.scheduler.forget_tenant(t.tenant)
+        self._forget_programs(t.tenant)
         self._remap_lost()
+
+    def _forget_programs(self, tenant: int) -> None:
+        """The tenant left: the programs no other tenant sent or launched go, here and on
+        the hosts (their compiled executables with them). A cluster that outlives many
+        notebooks would otherwise keep every program each of them ever ran."""
+        gone = []
+        for pid, users in list(self._program_users.items()):
+            users.discard(tenant)
+            if not users:
+                del self._program_users[pid]
+                self._programs.pop(pid, None)
+                gone.append(pid)
+        if not gone:
+            return
+        for host, have in self._host_programs.items():
+            pids = [p for p in gone if p in have]
+            if pids:
+                have.difference_update(pids)
+                # Behind the tenant's own work already sent there (cancelled or not).
+                self._send_host(host, {"t": "forget_programs", "pids": pids})
 
 
 def _check_own(t: Tenant, ids: tuple[Any, ...]) -> None:

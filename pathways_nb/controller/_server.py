@@ -125,6 +125,7 @@ class Controller(ClientRequests, HostMessages):
         self.events = EventLog(self.config.event_log_size)
         self._programs: dict[str, Program] = {}
         self._host_programs: dict[str, set[str]] = {}
+        self._program_users: dict[str, set[int]] = {}
         self._host_ident: dict[str, bytes] = {}
         self._ident_host: dict[bytes, str] = {}
         self._host_seen: dict[str, float] = {}  # host -> monotonic time of its last message

@@ -100,6 +100,7 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "fault": {"match": _STR, "kind": _STR, "tenant": _INT},
     "fail_outputs": {"handles": _LIST, "error": _DICT},
     "cancel_runs": {"tenant": _INT, "message": _STR},
+    "forget_programs": {"pids": _LIST},
     # client -> host (data plane)
     "put": {
         "rid": _INT,

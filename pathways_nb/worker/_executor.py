@@ -438,6 +438,13 @@ class Executor:
     def _do_program(self, body: Any) -> None:
         self.programs.add(*body)
 
+    def _do_forget(self, pids: list[str]) -> None:
+        """No tenant uses these programs any more: their executables and plans go too."""
+        gone = set(pids)
+        self.programs.forget(gone)
+        for key in [k for k in self._plans if k[0] in gone]:
+            del self._plans[key]
+
     def _do_drop(self, handles: list[int]) -> None:
         self.fed.drop(handles)
         self.store.drop(handles)

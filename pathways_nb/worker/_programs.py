@@ -102,6 +102,14 @@ class Programs:
             return
         self._programs[pid] = Program(name, exp, in_specs=list(in_specs))
 
+    def forget(self, pids: set[str]) -> None:
+        """Drop these programs and every executable compiled from them."""
+        for pid in pids:
+            self._programs.pop(pid, None)
+            self._bad_programs.pop(pid, None)
+        for key in [k for k in self._executables if k[0] in pids]:
+            del self._executables[key]
+
     def mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:
         key = (tuple(devices), tuple((str(a), int(n)) for a, n in mesh))
         m = self._meshes.get(key)

@@ -74,6 +74,7 @@ _CONTROLLER_TYPES = frozenset(
         "fault",
         "fail_outputs",
         "cancel_runs",
+        "forget_programs",
         "batch",
     }
 )
@@ -359,6 +360,8 @@ class Host:
             self.executor.cancel_runs(h["tenant"], h["message"])
         elif kind == "fail_outputs":
             self.executor.submit("fail_outputs", (h["handles"], h["error"]))
+        elif kind == "forget_programs":
+            self.executor.submit("forget", [p for p in h["pids"] if isinstance(p, str)])
 
     # data plane ---------------------------------------------------------------------
     def _on_data(self, frames: list[Any]) -> None:
