@@ -3,14 +3,17 @@
 Every program on an island leaves through this one queue, so all of the island's
 devices see programs in the same order and collectives cannot deadlock. A bounded
 window caps launches in flight per XLA process (several in-process hosts share one
-process's rendezvous and thread pool). Between tenants the next launch goes to the
-tenant with the smallest *pass* (stride scheduling): each launch advances its
-tenant's pass by its estimated device time divided by the tenant's weight.
+process's rendezvous and thread pool). Between tenants the next launch on an island goes
+to the tenant with the smallest *pass* there (stride scheduling): each launch advances
+its tenant's pass on that island by its estimated device time divided by the tenant's
+weight. Passes are per island: tenants share each island they contend for by weight,
+and what a tenant runs on other islands (the other stages of its pipeline, say) does
+not cost it its share of this one.
 
 Finding that tenant costs O(log T) for T tenants, not a scan: each island keeps a heap of
-its queued tenants by pass, and the scheduler one of all busy tenants. Passes only grow,
-so entries are refreshed lazily: one whose pass is out of date is at most the true value,
-and is re-pushed with the true one when it reaches the top.
+its queued tenants by pass. Passes only grow, so entries are refreshed lazily: one whose
+pass is out of date is at most the true value, and is re-pushed with the true one when
+it reaches the top.
 
 A plain state machine: ``submit``/``complete``/``cancel`` in, dispatch lists out.
 """
@@ -47,6 +50,14 @@ class _IslandQueue:
     in_heap: set[int] = dataclasses.field(default_factory=set)
     # Tenants whose next work here needs no window slot (a deletion or a transfer).
     free_heads: set[int] = dataclasses.field(default_factory=set)
+    # Each tenant's pass here. A competition lasts while some tenant has work queued
+    # here; each starts with every tenant level, at the largest pass there was (see
+    # GangScheduler.submit), and ``joined`` says in which one a tenant last joined.
+    passes: dict[int, float] = dataclasses.field(default_factory=dict)
+    max_pass: float = 0.0
+    level: float = 0.0
+    competition: int = 0
+    joined: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def empty(self) -> bool:
         return not self.queues  # a tenant's queue is removed when it empties
@@ -63,7 +74,8 @@ class _IslandQueue:
 class SchedulerStatistics:
     queued: dict[str, int]
     inflight: dict[str, int]
-    tenant_pass: dict[int, float]
+    # island -> tenant -> pass
+    passes: dict[str, dict[int, float]]
     dispatched: int
     completed: int
 
@@ -82,21 +94,10 @@ class GangScheduler:
         self._inflight: collections.Counter[str] = collections.Counter()
         self._inflight_lids: dict[int, tuple[str, Work]] = {}
         self._queued: collections.Counter[int] = collections.Counter()
-        self._pass: dict[int, float] = {}
         self._weight: dict[int, float] = {}
         self._cost: dict[str, float] = {}
         self._ready: set[str] = set()
-        # (pass, tenant) of tenants with queued work, refreshed lazily (see the top).
-        self._busy: list[tuple[float, int]] = []
-        self._in_busy: set[int] = set()
         self._arrivals = itertools.count()
-        # A competition lasts while some tenant has work queued. Each starts with every
-        # tenant level, at the largest pass there was (see submit); a tenant's entry in
-        # _joined says in which competition it last joined.
-        self._max_pass = 0.0
-        self._level = 0.0
-        self._competition = 0
-        self._joined: dict[int, int] = {}
         self._dispatched = 0
         self._completed = 0
 
@@ -121,52 +122,40 @@ class GangScheduler:
         if q is None:
             raise KeyError(f"unknown island {work.island!r}")
         tenant = work.tenant
-        if self._queued[tenant] == 0:
-            # A tenant that (re)joins the competition starts level with the tenants that
-            # are busy now: idle time earns no credit, so it cannot starve them. Within
-            # one competition it keeps what it owes (a tenant submitting one launch at a
-            # time still waits its turn behind its last one); once every queue has emptied
-            # a new one begins, level for all: what a tenant ran while no other waited
-            # took nothing from anyone, and would otherwise give every slot to the
-            # tenants that were idle meanwhile when all come back at once.
-            # Passes only grow (see the top): levelling raises the others to the largest.
-            busy = self._least_busy_pass()
-            if busy is None:
-                self._competition += 1
-                self._level = self._max_pass
-            mine = self._pass.get(tenant, 0.0)
-            if self._joined.get(tenant) != self._competition:
-                mine = max(mine, self._level)
-                self._joined[tenant] = self._competition
-            self._pass[tenant] = mine if busy is None else max(mine, busy)
-            if tenant not in self._in_busy:
-                self._in_busy.add(tenant)
-                heapq.heappush(self._busy, (self._pass[tenant], tenant))
         self._queued[tenant] += 1
         dq = q.queues.get(tenant)
         if dq is None:
+            self._join(q, tenant)
             dq = q.queues[tenant] = collections.deque([work])
             q.head_changed(tenant)
             if tenant not in q.in_heap:
                 q.in_heap.add(tenant)
-                heapq.heappush(q.heap, (self._pass.get(tenant, 0.0), next(self._arrivals), tenant))
+                heapq.heappush(q.heap, (q.passes[tenant], next(self._arrivals), tenant))
         else:
             dq.append(work)
         self._ready.add(work.island)
 
-    def _least_busy_pass(self) -> float | None:
-        """The smallest pass among tenants with queued work, or None."""
-        h = self._busy
-        while h:
-            p, tenant = h[0]
-            if not self._queued[tenant] or tenant not in self._pass:
-                heapq.heappop(h)
-                self._in_busy.discard(tenant)
-            elif p != self._pass[tenant]:
-                heapq.heapreplace(h, (self._pass[tenant], tenant))
-            else:
-                return p
-        return None
+    def _join(self, q: _IslandQueue, tenant: int) -> None:
+        """The tenant has work queued on ``q``'s island again: set where its pass starts.
+
+        It starts level with the tenants queued there now: idle time earns no credit, so
+        it cannot starve them. Within one competition it keeps what it owes (a tenant
+        submitting one launch at a time still waits its turn behind its last one); once
+        every queue here has emptied a new one begins, level for all: what a tenant ran
+        while no other waited took nothing from anyone, and would otherwise give every
+        slot to the tenants that were idle meanwhile when all come back at once. Passes
+        only grow (see the top): levelling raises the others to the largest.
+        """
+        top = self._pick(q)
+        busy = None if top is None else q.passes[top]
+        if busy is None:
+            q.competition += 1
+            q.level = q.max_pass
+        mine = q.passes.get(tenant, 0.0)
+        if q.joined.get(tenant) != q.competition:
+            mine = max(mine, q.level)
+            q.joined[tenant] = q.competition
+        q.passes[tenant] = mine if busy is None else max(mine, busy)
 
     def complete(self, lid: int, seconds: float | None = None) -> Work | None:
         """A launch finished; ``seconds`` is its measured device time."""
@@ -257,10 +246,10 @@ class GangScheduler:
                     self._inflight[q.window_key] += 1
                     self._inflight_lids[head.lid] = (q.window_key, head)
                     cost = self._cost.get(head.cost_key, self.DEFAULT_COST)
-                    after = self._pass.get(tenant, 0.0) + cost / self._weight.get(tenant, 1.0)
-                    self._pass[tenant] = after
-                    if after > self._max_pass:
-                        self._max_pass = after
+                    after = q.passes[tenant] + cost / self._weight.get(tenant, 1.0)
+                    q.passes[tenant] = after
+                    if after > q.max_pass:
+                        q.max_pass = after
                     self._dispatched += 1
                 out.append(head)
         return out
@@ -290,7 +279,7 @@ class GangScheduler:
                 heapq.heappop(h)
                 q.in_heap.discard(tenant)
                 continue
-            current = self._pass.get(tenant, 0.0)
+            current = q.passes[tenant]
             if p != current:
                 heapq.heapreplace(h, (current, arrival, tenant))
                 continue
@@ -300,9 +289,10 @@ class GangScheduler:
     def forget_tenant(self, tenant: int) -> None:
         """The tenant left; its queues were already cancelled."""
         if not self._queued[tenant]:
-            self._pass.pop(tenant, None)
             self._weight.pop(tenant, None)
-            self._joined.pop(tenant, None)
+            for q in self._islands.values():
+                q.passes.pop(tenant, None)
+                q.joined.pop(tenant, None)
             del self._queued[tenant]
 
     def inflight_lids(self) -> Iterable[int]:
@@ -312,7 +302,7 @@ class GangScheduler:
         return SchedulerStatistics(
             queued={i: sum(len(d) for d in q.queues.values()) for i, q in self._islands.items()},
             inflight={k: v for k, v in self._inflight.items() if v},
-            tenant_pass=dict(self._pass),
+            passes={i: dict(q.passes) for i, q in self._islands.items()},
             dispatched=self._dispatched,
             completed=self._completed,
         )

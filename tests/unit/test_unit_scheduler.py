@@ -183,13 +183,13 @@ def test_measured_cost_is_an_exponential_moving_average_over_the_weight() -> Non
         s.submit(w)
         assert s.dispatch() == [w]
         expected += cost / 2.0  # the cost known when the launch left
-        assert s.statistics().tenant_pass[1] == pytest.approx(expected)
+        assert s.statistics().passes["i0"][1] == pytest.approx(expected)
         s.complete(w.lid, seconds)
     # 0.8 * 0.9 + 0.2 * 2.0
     w = run(1, cost_key="f")
     s.submit(w)
     s.dispatch()
-    assert s.statistics().tenant_pass[1] == pytest.approx(expected + 1.12 / 2.0)
+    assert s.statistics().passes["i0"][1] == pytest.approx(expected + 1.12 / 2.0)
 
 
 def test_a_newcomer_starts_level_with_the_busy_tenants() -> None:
@@ -198,9 +198,9 @@ def test_a_newcomer_starts_level_with_the_busy_tenants() -> None:
         for _ in range(n):
             s.submit(run(t))
     s.dispatch()  # 8 leave (4 each, alternating), 2 + 2 stay queued
-    assert s.statistics().tenant_pass == pytest.approx({1: 4e-3, 2: 4e-3})
+    assert s.statistics().passes["i0"] == pytest.approx({1: 4e-3, 2: 4e-3})
     s.submit(run(3))
-    assert s.statistics().tenant_pass[3] == pytest.approx(4e-3)
+    assert s.statistics().passes["i0"][3] == pytest.approx(4e-3)
     # With nobody queued, a newcomer starts a competition level with the tenants before:
     # at the largest pass, which a tenant who ran alone meanwhile has (what it ran took
     # nothing from anyone).
@@ -208,7 +208,7 @@ def test_a_newcomer_starts_level_with_the_busy_tenants() -> None:
     idle.submit(run(5))
     idle.dispatch()
     idle.submit(run(6))
-    assert idle.statistics().tenant_pass[6] == pytest.approx(1e-3)
+    assert idle.statistics().passes["i0"][6] == pytest.approx(1e-3)
 
 
 def test_forget_tenant_drops_an_idle_tenant() -> None:
@@ -216,7 +216,7 @@ def test_forget_tenant_drops_an_idle_tenant() -> None:
     s.submit(run(1))
     s.dispatch()
     s.forget_tenant(1)
-    assert 1 not in s.statistics().tenant_pass
+    assert 1 not in s.statistics().passes["i0"]
 
 
 def shares(s: GangScheduler, costs: dict[int, float], launches: int) -> collections.Counter[int]:
@@ -301,12 +301,34 @@ def test_one_dear_warm_up_launch_does_not_hand_the_next_backlog_to_the_other() -
     assert 27 <= got[1] <= 33, got
 
 
+def test_a_tenant_on_several_islands_gets_its_share_of_each() -> None:
+    """Passes are per island: what a tenant runs on another island (another stage of its
+    pipeline) does not cost it its share of the island it shares with another tenant."""
+    s = scheduler(4, i0="p0", i1="p1")
+    s.set_weight(1, 1.0)
+    s.set_weight(2, 3.0)
+    for _ in range(5):
+        s.submit(run(1, "i0", "a"))
+        s.submit(run(1, "i1", "b"))
+        s.submit(run(2, "i1", "b"))
+    got = collections.Counter[tuple[int, str]]()
+    inflight: collections.deque[Work] = collections.deque()
+    while sum(got.values()) < 2000:
+        for w in s.dispatch():
+            got[(w.tenant, w.island)] += 1
+            inflight.append(w)
+            s.submit(run(w.tenant, w.island, w.cost_key))
+        s.complete(inflight.popleft().lid, 0.01)
+    on_i1 = got[(2, "i1")] / (got[(1, "i1")] + got[(2, "i1")])
+    assert 0.72 <= on_i1 <= 0.78, got
+
+
 class _Checked(GangScheduler):
     """Checks every choice against a scan of all queued tenants."""
 
     def _pick(self, q):  # type: ignore[no-untyped-def]
         tenant = super()._pick(q)
-        queued = {t: self._pass.get(t, 0.0) for t, dq in q.queues.items() if dq}
+        queued = {t: q.passes[t] for t, dq in q.queues.items() if dq}
         if tenant is None:
             assert not queued
         else:
@@ -318,12 +340,6 @@ class _Checked(GangScheduler):
         out = super()._heads_needing_no_slot(q)
         assert all(dq[0].kind == "run" for dq in q.queues.values())
         return out
-
-    def _least_busy_pass(self) -> float | None:
-        p = super()._least_busy_pass()
-        busy = [self._pass[t] for t, n in self._queued.items() if n and t in self._pass]
-        assert p == (min(busy) if busy else None)
-        return p
 
 
 def test_the_next_tenant_is_the_least_advanced_among_many_in_any_sequence() -> None:
