@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -106,3 +107,46 @@ def test_a_tenant_backlog_does_not_delay_another_tenants_call(
     finally:
         busy.close()
         quick.close()
+
+
+def test_a_tenant_on_two_islands_keeps_its_share_of_the_one_it_shares() -> None:
+    """What a tenant runs on another island (another stage of its pipeline) does not
+    cost it its share of the island it contends for."""
+    with pw.InProcessCluster(islands=2, devices_per_island=2) as cluster:
+        both = cluster.client(name="both")
+        one = cluster.client(name="one")
+        try:
+            mine = both.allocate({"x": 1})
+            other = both.allocate({"x": 1})
+            theirs = one.allocate({"x": 1})
+            assert mine.island != other.island  # so one of them shares theirs
+            eye = np.eye(256, dtype=np.float32)
+            arrays = [vs.put(eye, P("x")) for vs in (mine, other, theirs)]
+            for m in arrays:
+                work(m).block_until_ready()
+            since = pd.Timestamp.now()
+            for m in arrays:
+                _backlog(m)
+            runs = _runs(both, "work")
+            runs = runs[
+                (runs.start >= since) & (runs.index.map(_island_of(both, one)) == theirs.island)
+            ]
+            # While both tenants are backlogged on the shared island (to the first one's
+            # last launch there), launches go one to one, as their weights.
+            t1 = runs.groupby("tenant").end.max().min()
+            shared = runs[runs.end <= t1]
+            counts = shared.tenant.value_counts()
+            ratio = counts[both.tenant] / counts[one.tenant]
+            assert 0.7 <= ratio <= 1.4, counts
+        finally:
+            both.close()
+            one.close()
+
+
+def _island_of(*clients: pw.Client) -> Any:
+    """lid -> island of the launch, from the clients' event logs."""
+    where: dict[int, str] = {}
+    for c in clients:
+        ev = c.events()
+        where |= dict(zip(ev.lid, ev.island, strict=True))
+    return lambda lid: where.get(lid, "")
