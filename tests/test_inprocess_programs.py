@@ -665,3 +665,15 @@ def test_a_function_traced_on_one_cluster_runs_on_the_next() -> None:
             x = vs.put(np.arange(4, dtype=np.float32), P("x"))
             np.testing.assert_array_equal(f(x).fetch(), np.arange(4) + 1)
     assert len(f._programs) == 1  # traced once
+
+
+def test_a_function_pinned_to_a_closed_clients_slice_says_so() -> None:
+    with pw.InProcessCluster(1, 2) as cluster:
+        old = cluster.client()
+        pinned = pw.jit(lambda v: v + 1, slice=old.allocate({"x": 2}), name="pinned")
+        old.close()
+        vs = cluster.client().allocate({"x": 2})
+        x = vs.put(np.arange(4, dtype=np.float32), P("x"))
+        with pytest.raises(pw.ClosedError, match="pinned to slice 's1' of a client that was"):
+            pinned(x)
+        np.testing.assert_array_equal(pw.jit(pinned.fun, slice=vs)(x).fetch(), np.arange(4) + 1)

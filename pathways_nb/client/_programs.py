@@ -44,6 +44,9 @@ class ProgramCalls:
 
     if TYPE_CHECKING:  # provided by Client
 
+        @property
+        def closed(self) -> bool: ...
+
         def _check_open(self) -> None: ...
 
         def _ask(self, header: dict[str, Any], timeout: float | None = 60.0) -> dict[str, Any]: ...
@@ -53,6 +56,12 @@ class ProgramCalls:
         def cancel(self) -> int: ...
 
     def _call(self, f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if f.slice is not None and f.slice._client is self and self.closed:
+            raise ClosedError(
+                f"pw.jit function {f.name} is pinned to slice {f.slice.name!r} of a client "
+                "that was closed; pin it to a slice of a client that is open: "
+                "pw.jit(f, slice=vs) with vs from the new client's allocate"
+            )
         self._check_open()
         rec = _graph.active()
         dyn, static = f._split(args, kwargs)
@@ -303,6 +312,11 @@ class ProgramCalls:
     def _op(self, key: str, fn: Any, *args: Any) -> Any:
         """A small program on the first RemoteArray's slice (arithmetic, indexing)."""
         x = next(a for a in args if isinstance(a, RemoteArray))
+        if self.closed:
+            raise ClosedError(
+                f"{x!r} belongs to a client that was closed, and went with it; put its value "
+                "through an open client (pw.Client) to use it there"
+            )
         if any(isinstance(a, jax.core.Tracer) for a in args):
             raise TypeError(
                 f"{x!r} is used inside a traced function (pw.jit, jax.jit, jax.grad, ...) "
