@@ -74,9 +74,7 @@ def test_backlogged_tenants_share_the_island_by_weight(island: pw.InProcessClust
         t0, t1 = mine.start.min(), mine.end.max()
         edge = (t1 - t0) * 0.1
         both = runs[(runs.start >= t0 + edge) & (runs.end <= t1 - edge)]
-        counts = both.tenant.value_counts()
-        ratio = counts[heavy.tenant] / counts[light.tenant]
-        assert 2.5 <= ratio <= 3.5, counts
+        assert 2.5 <= _ratio(both, heavy, light) <= 3.5
     finally:
         light.close()
         heavy.close()
@@ -134,13 +132,17 @@ def test_a_tenant_on_two_islands_keeps_its_share_of_the_one_it_shares() -> None:
             # While both tenants are backlogged on the shared island (to the first one's
             # last launch there), launches go one to one, as their weights.
             t1 = runs.groupby("tenant").end.max().min()
-            shared = runs[runs.end <= t1]
-            counts = shared.tenant.value_counts()
-            ratio = counts[both.tenant] / counts[one.tenant]
-            assert 0.7 <= ratio <= 1.4, counts
+            assert 0.7 <= _ratio(runs[runs.end <= t1], both, one) <= 1.4
         finally:
             both.close()
             one.close()
+
+
+def _ratio(runs: pd.DataFrame, a: pw.Client, b: pw.Client) -> float:
+    """Launches of ``a`` over those of ``b`` among ``runs`` (printed when a check fails)."""
+    counts = runs.tenant.value_counts()
+    print(counts)
+    return float(counts[a.tenant] / counts[b.tenant])
 
 
 def _island_of(*clients: pw.Client) -> Any:
