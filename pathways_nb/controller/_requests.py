@@ -323,6 +323,7 @@ class ClientRequests:
     def _c_status(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         snap = self.rm.snapshot()
         stats = self.scheduler.statistics()
+        held = self.rm.held_by_tenant()
         snap["tenants"] = [
             {
                 "tenant": x.tenant,
@@ -331,7 +332,7 @@ class ClientRequests:
                 "launches": x.launches,
                 "pending": x.pending,
                 "device_seconds": x.device_seconds,
-                "devices": self.rm.held(x.tenant),
+                "devices": held.get(x.tenant, 0),
                 "store_bytes": sum(b.get(x.tenant, 0) for b in self._host_tenant_bytes.values()),
             }
             for x in self.tenants.by_id.values()

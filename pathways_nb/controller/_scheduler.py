@@ -52,7 +52,7 @@ class _IslandQueue:
     free_heads: set[int] = dataclasses.field(default_factory=set)
     # Each tenant's pass here. A competition lasts while some tenant has work queued
     # here; each starts with every tenant level, at the largest pass there was (see
-    # GangScheduler.submit), and ``joined`` says in which one a tenant last joined.
+    # GangScheduler._join), and ``joined`` says in which one a tenant last joined.
     passes: dict[int, float] = dataclasses.field(default_factory=dict)
     max_pass: float = 0.0
     level: float = 0.0

@@ -318,6 +318,7 @@ def test_a_device_quota_bounds_what_one_tenant_holds_lost_slices_included() -> N
     # Another tenant has a quota of its own; the refused request took nothing.
     assert rm.allocate(2, {"x": 2}, None, max_devices=4).size == 2
     assert rm.held(2) == 2 and rm.held(1) == 4
+    assert rm.held_by_tenant() == {1: 4, 2: 2}
     # A lost slice still counts: it takes devices again when it is remapped.
     rm.lose_host(second.host)
     with pytest.raises(ResourceExhaustedError, match=r"second \(2, lost\)"):
