@@ -690,6 +690,11 @@ def _lan_address() -> str | None:
     return None
 
 
+def test_a_bad_setting_for_a_cluster_is_refused_before_any_process_starts() -> None:
+    with pytest.raises(ValueError, match=r"got -1 \(PATHWAYS_TENANT_MAX_DEVICES\)"):
+        pw.LocalCluster(1, 1, dashboard=False, env={"PATHWAYS_TENANT_MAX_DEVICES": "-1"})
+
+
 def test_a_cluster_listens_on_the_address_it_is_given() -> None:
     with pytest.raises(ValueError, match=r"host is the address .* got '0.0.0.0'"):
         pw.LocalCluster(1, 1, host="0.0.0.0")

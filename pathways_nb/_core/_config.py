@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -17,8 +18,8 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an integer; got {raw!r}") from None
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -27,8 +28,8 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name} must be a number; got {raw!r}") from None
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
     if raw is None or raw == "":
         return default
     value = {"1": True, "true": True, "0": False, "false": False}.get(raw.strip().lower())
@@ -120,30 +121,35 @@ class Config:
             )
 
     @staticmethod
-    def from_env() -> Config:
+    def from_env(environ: Mapping[str, str] | None = None) -> Config:
+        """The configuration the ``PATHWAYS_*`` variables of ``environ`` (this process's
+        environment by default) give; a bad value raises ValueError naming it."""
+        env = os.environ if environ is None else environ
         d = Config()
         return Config(
-            inflight_window=_env_int("PATHWAYS_INFLIGHT_WINDOW", d.inflight_window),
+            inflight_window=_env_int(env, "PATHWAYS_INFLIGHT_WINDOW", d.inflight_window),
             max_queued_per_client=_env_int(
-                "PATHWAYS_MAX_QUEUED_PER_CLIENT", d.max_queued_per_client
+                env, "PATHWAYS_MAX_QUEUED_PER_CLIENT", d.max_queued_per_client
             ),
-            event_log_size=_env_int("PATHWAYS_EVENT_LOG_SIZE", d.event_log_size),
-            max_control_message=_env_int("PATHWAYS_MAX_CONTROL_MESSAGE", d.max_control_message),
-            max_data_message=_env_int("PATHWAYS_MAX_DATA_MESSAGE", d.max_data_message),
-            store_limit_bytes=_env_int("PATHWAYS_STORE_LIMIT_BYTES", d.store_limit_bytes),
-            lease_seconds=_env_float("PATHWAYS_LEASE_SECONDS", d.lease_seconds),
+            event_log_size=_env_int(env, "PATHWAYS_EVENT_LOG_SIZE", d.event_log_size),
+            max_control_message=_env_int(
+                env, "PATHWAYS_MAX_CONTROL_MESSAGE", d.max_control_message
+            ),
+            max_data_message=_env_int(env, "PATHWAYS_MAX_DATA_MESSAGE", d.max_data_message),
+            store_limit_bytes=_env_int(env, "PATHWAYS_STORE_LIMIT_BYTES", d.store_limit_bytes),
+            lease_seconds=_env_float(env, "PATHWAYS_LEASE_SECONDS", d.lease_seconds),
             host_timeout_seconds=_env_float(
-                "PATHWAYS_HOST_TIMEOUT_SECONDS", d.host_timeout_seconds
+                env, "PATHWAYS_HOST_TIMEOUT_SECONDS", d.host_timeout_seconds
             ),
-            put_wait_seconds=_env_float("PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
-            host_executables=_env_int("PATHWAYS_HOST_EXECUTABLES", d.host_executables),
-            cpu_device_nice=_env_int("PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
-            cpu_device_idle=_env_bool("PATHWAYS_CPU_DEVICE_IDLE", d.cpu_device_idle),
-            cpu_device_spread=_env_bool("PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
-            remap_lost_slices=_env_bool("PATHWAYS_REMAP_LOST_SLICES", d.remap_lost_slices),
-            remap_wait_seconds=_env_float("PATHWAYS_REMAP_WAIT_SECONDS", d.remap_wait_seconds),
-            tenant_max_devices=_env_int("PATHWAYS_TENANT_MAX_DEVICES", d.tenant_max_devices),
-            tenant_store_bytes=_env_int("PATHWAYS_TENANT_STORE_BYTES", d.tenant_store_bytes),
+            put_wait_seconds=_env_float(env, "PATHWAYS_PUT_WAIT_SECONDS", d.put_wait_seconds),
+            host_executables=_env_int(env, "PATHWAYS_HOST_EXECUTABLES", d.host_executables),
+            cpu_device_nice=_env_int(env, "PATHWAYS_CPU_DEVICE_NICE", d.cpu_device_nice),
+            cpu_device_idle=_env_bool(env, "PATHWAYS_CPU_DEVICE_IDLE", d.cpu_device_idle),
+            cpu_device_spread=_env_bool(env, "PATHWAYS_CPU_DEVICE_SPREAD", d.cpu_device_spread),
+            remap_lost_slices=_env_bool(env, "PATHWAYS_REMAP_LOST_SLICES", d.remap_lost_slices),
+            remap_wait_seconds=_env_float(env, "PATHWAYS_REMAP_WAIT_SECONDS", d.remap_wait_seconds),
+            tenant_max_devices=_env_int(env, "PATHWAYS_TENANT_MAX_DEVICES", d.tenant_max_devices),
+            tenant_store_bytes=_env_int(env, "PATHWAYS_TENANT_STORE_BYTES", d.tenant_store_bytes),
         )
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from pathways_nb._core import BrokenError, ClosedError
+from pathways_nb._core import BrokenError, ClosedError, Config
 from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
 
 # Dask housekeeping retuned for processes that share their cores with accelerator hosts:
@@ -92,6 +92,8 @@ class LocalCluster:
         self.devices_per_island = devices_per_island
         self.platform = platform
         self._env = dict(env or {})
+        # Checked here, where a bad value is one clear error, not a scheduler's log.
+        Config.from_env({**os.environ, **self._env})
         self._timeout = timeout
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="pathways-cluster-")

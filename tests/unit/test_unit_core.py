@@ -336,3 +336,11 @@ def test_an_address_where_nothing_answers_is_a_clear_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(BrokenError, match=r"nothing answered at tcp://127.0.0.1:\d+ within 1 s"):
         ask_scheduler(f"tcp://127.0.0.1:{port}", 1.0)
+
+
+def test_config_reads_a_given_environment_as_this_processs(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("PATHWAYS_INFLIGHT_WINDOW", "8")
+    given = {"PATHWAYS_TENANT_MAX_DEVICES": "4"}
+    assert Config.from_env(given) == Config(tenant_max_devices=4)
+    with pytest.raises(ValueError, match="PATHWAYS_TENANT_STORE_BYTES must be an integer"):
+        Config.from_env({"PATHWAYS_TENANT_STORE_BYTES": "4GB"})
