@@ -56,7 +56,11 @@ def test_a_client_holds_at_most_its_device_quota(quotas: pw.InProcessCluster) ->
     assert s.quotas == {"max_devices": 4, "store_bytes": QUOTA}
     held = dict(zip(s.tenants.name, s.tenants.devices, strict=True))
     assert held == {"a": 4, "b": 0}
-    assert "quotas per client: 4 devices, 65536 bytes of arrays per host" in repr(s)
+    line = "quotas per client: 4 devices, 65536 bytes of arrays per host"
+    assert s.quota_line == line and line in repr(s)
+    from pathways_nb.viz import StatusWidget
+
+    assert line in StatusWidget(a, live=False).html
     second.release()
     assert b.allocate({"x": 2}).size == 2
     x = first.put(np.arange(4.0, dtype=np.float32), P("x"))

@@ -126,6 +126,7 @@ def test_status_and_devices_widgets(ran: pw.Client) -> None:
     assert "<table" in s.html and "enc" in s.html and s.summary.startswith("pathways_nb cluster")
     for title in ("islands", "devices", "slices", "tenants", "latest events"):
         assert f"<h4>{title}</h4>" in s.html
+    assert "quotas per client" not in s.html  # this cluster sets none
     d = DevicesWidget(ran, live=False)
     held = [x for x in d.devices if x["slice"]]
     assert {x["slice"] for x in held} == {"enc", "dec"}

@@ -133,6 +133,13 @@ class Status:
             "slices:",
             self.slices.to_string(index=False) if len(self.slices) else "  (none)",
         ]
+        if self.quota_line:
+            lines[1:1] = [self.quota_line]
+        return "\n".join(lines)
+
+    @property
+    def quota_line(self) -> str:
+        """The cluster's quotas per client in a line, or "" where it sets none."""
         quotas = [
             f"{n} {what}"
             for n, what in (
@@ -141,9 +148,7 @@ class Status:
             )
             if n
         ]
-        if quotas:
-            lines[1:1] = [f"quotas per client: {', '.join(quotas)}"]
-        return "\n".join(lines)
+        return f"quotas per client: {', '.join(quotas)}" if quotas else ""
 
 
 class EventRows(NamedTuple):

@@ -225,6 +225,8 @@ class StatusWidget(_Live):
         t = s.rows
         events = [[_clock(e[0]), *e[1:]] for e in t["events"]]
         parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
+        if s.quota_line:
+            parts.append(f"<p>{html.escape(s.quota_line)}</p>")
         for name, columns in Status.COLUMNS.items():
             rows = events if name == "events" else t[name]
             parts.append(f"<h4>{'latest events' if name == 'events' else name}</h4>")
