@@ -280,7 +280,7 @@ _DOOMED_CLIENT = textwrap.dedent(
 )
 
 
-def test_a_burst_of_chained_launches_keeps_few_arrays_under_a_store_quota() -> None:
+def test_a_burst_of_chained_launches_and_puts_after_deletions_fit_a_store_quota() -> None:
     """``x = f(x)`` in a loop drops each array as the next launch takes it. Those
     deletions leave with the launches once they add up (not on the client IO thread's
     next turn, up to 50 ms later), so the host never keeps the whole burst's arrays: a
@@ -300,6 +300,15 @@ def test_a_burst_of_chained_launches_keeps_few_arrays_under_a_store_quota() -> N
         for _ in range(64):
             expected = np.tanh(expected @ expected + 0.1)
         np.testing.assert_allclose(m.fetch(), expected, rtol=1e-5, atol=1e-6)
+        # A put that fits only once a deletion just made is done: it reaches the host
+        # first (the deletion goes through the controller) and waits for it there.
+        for i in range(3):
+            big = vs.put(np.zeros(704 * 1024, np.float32), P("x"))  # 2.75 MiB, with m 3
+            big.block_until_ready()
+            big.delete()
+            small = vs.put(np.full(128 * 1024, i, np.float32), P("x"))  # 0.5 MiB
+            np.testing.assert_array_equal(small.fetch()[:4], i)
+            small.delete()
 
 
 def test_a_killed_client_process_frees_its_slices_at_once(local: pw.LocalCluster) -> None:

@@ -131,6 +131,7 @@ class ArrayIO(DaskPuts, ProgramCalls):
                 "mesh": encode_mesh(vs.mesh_shape),
             }
         )
+        self._io.deletes_now()
         self._io.send_batched(
             {"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": data.nbytes}
         )

@@ -252,6 +252,12 @@ class IOThread:
         if wake:
             self._outbox.send(b"w", None)
 
+    def deletes_now(self) -> None:
+        """Send the deletions queued so far ahead of whatever a caller sends next (a
+        put's note: the host waits for it before failing a put that does not fit)."""
+        for message in self._delete_messages():
+            self._to_controller(_BATCHED, [message], message)
+
     def _send_deletes(self) -> None:
         """Send the queued deletions now; the caller holds ``_ctl_lock``."""
         self._send_batch(self._delete_messages())

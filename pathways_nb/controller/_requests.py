@@ -133,6 +133,10 @@ class ClientRequests:
         _check_own(t, (h["handle"],))
         s = self.rm.active(h["slice"], t.tenant)
         self._track(h["handle"], s.slice)
+        # Passed on in the island's order, behind the deletions sent before the put: a
+        # put that did not fit waits for it on the host (see worker/_puts.py).
+        note = {"t": "noted", "handle": h["handle"]}
+        self.scheduler.submit(Work("note", t.tenant, s.island, 0, body=(s.host, note)))
 
     def _track(self, handle: int, sid: str) -> None:
         self._where[handle] = sid

@@ -32,7 +32,7 @@ from typing import Any
 class Work:
     """One unit the scheduler orders: a program launch or a batch of deletions."""
 
-    kind: str  # "run" | "drop" | "send" | "recv" (only runs take a window slot)
+    kind: str  # "run" | "drop" | "send" | "recv" | "note" (only runs take a window slot)
     tenant: int
     island: str
     lid: int  # launch id; 0 for drops

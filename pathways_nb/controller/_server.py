@@ -443,7 +443,7 @@ class Controller(ClientRequests, HostMessages):
                 host, handles = w.body
                 batches.setdefault(host, []).append(pack({"t": "drop", "handles": handles}))
                 continue
-            if w.kind in ("send", "recv"):
+            if w.kind in ("send", "recv", "note"):
                 host, header = w.body
                 batches.setdefault(host, []).append(pack(header))
                 continue

@@ -96,6 +96,8 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "mesh": _LIST,
     },
     "recv": {"dst": _INT, "source": _STR},
+    # ... in the island's order, after the deletions the client sent before the put
+    "noted": {"handle": _INT},
     "host_probe": {"rid": _INT, "pid": _STR, "devices": _LIST, "mesh": _LIST},
     "fault": {"match": _STR, "kind": _STR, "tenant": _INT},
     "fail_outputs": {"handles": _LIST, "error": _DICT},

@@ -98,6 +98,8 @@ class Executor:
         self.fed = FedPuts()
         # Called with (entry, send body) to ship an array to another host.
         self.send_array: Callable[[Entry, dict[str, Any]], None] | None = None
+        # Called with a put's handle when the controller's note of the put comes.
+        self.on_noted: Callable[[int], None] | None = None
 
     # lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +169,8 @@ class Executor:
             self._handle(kind, body)
         elif kind == "recv":
             self._do_recv(body)
+        elif kind == "noted":
+            self._do_noted(body)
         else:
             return False
         return True
@@ -434,6 +438,10 @@ class Executor:
             return
         self.sends.started(body["src"])
         self.send_array(entry, body)
+
+    def _do_noted(self, body: dict[str, Any]) -> None:
+        if self.on_noted is not None:
+            self.on_noted(int(body["handle"]))
 
     def _do_program(self, body: Any) -> None:
         self.programs.add(*body)

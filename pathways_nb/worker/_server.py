@@ -57,6 +57,7 @@ from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._hostcopy import from_host
 from pathways_nb.worker._peers import Peers
 from pathways_nb.worker._priority import lower_native_threads
+from pathways_nb.worker._puts import WaitingPuts
 from pathways_nb.worker._store import ObjectStore, StoreStatistics
 from pathways_nb.worker._transfer import Assembler, Sender
 
@@ -78,12 +79,14 @@ _CONTROLLER_TYPES = frozenset(
         "batch",
     }
 )
-_BATCHED_TYPES = frozenset({"run", "drop", "send", "recv"})
+_BATCHED_TYPES = frozenset({"run", "drop", "send", "recv", "noted"})
 _DATA_TYPES = frozenset(
     {"hello", "put", "expect", "put_failed", "fetch", "wait", "fetch_many", "wait_many", "xfer"}
 )
 _TO_CONTROLLER = b"c"
 _HEARTBEAT = 1.0  # seconds between heartbeats to the controller
+# Seconds a put that did not fit waits for the controller's note of it (see _puts).
+_PUT_NOTE_WAIT = 30.0
 
 
 class Host:
@@ -127,6 +130,8 @@ class Host:
         )
         self._sender = Sender(self._ctx, name, self.executor.sends.finished, self.store)
         self.executor.send_array = self._sender.submit
+        self._waiting_puts = WaitingPuts()
+        self.executor.on_noted = self._noted
         self.executor.completions.on_computed = self._sender.computed
         self._assembler = Assembler(
             {int(d.id): d for d in self.devices}, self.executor.programs.mesh, self._arrived
@@ -267,6 +272,8 @@ class Host:
                 beat = {"t": "heartbeat", "tenant_bytes": self.store.tenant_bytes()}
                 self._ctl.send_multipart(encode(beat))
                 next_beat = time.monotonic() + _HEARTBEAT
+                for identity, h, _, exc in self._waiting_puts.expired(_PUT_NOTE_WAIT):
+                    self._put_failed(identity, h, exc)
             if self._outbox.socket in ready:
                 self._send_outbox()
             if self._ctl in ready:
@@ -451,12 +458,40 @@ class Host:
                     f"put of shape {shape} {dtype} needs {int(np.prod(shape)) * dtype.itemsize} "
                     f"bytes; got {len(bufs[0])}"
                 )
-            self._store_put(h, arr.reshape(shape))
-            self._send_data(identity, encode({"t": "reply", "rid": rid}))
+            arr = arr.reshape(shape)
+            try:
+                self._store_put(h, arr)
+            except ResourceExhaustedError as exc:
+                # It may fit once the deletions sent before it are done (see _puts).
+                if self._waiting_puts.park(h["handle"], (identity, h, arr, exc)):
+                    return
+                raise
+            self._waiting_puts.arrived(h["handle"])
+            self._to_client(identity, {"t": "reply", "rid": rid})
         except Exception as exc:
-            err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
-            self.store.fail(h["handle"], err)
-            self._send_data(identity, encode({"t": "failed", "rid": rid, "error": err.to_dict()}))
+            self._put_failed(identity, h, exc)
+
+    def _put_failed(self, identity: bytes, h: dict[str, Any], exc: Exception) -> None:
+        err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+        self.store.fail(h["handle"], err)
+        self._to_client(identity, {"t": "failed", "rid": h["rid"], "error": err.to_dict()})
+
+    def _noted(self, handle: int) -> None:
+        """The controller's note for a put (the executor calls this in the island's
+        order): a put waiting for it is tried once more, now that every deletion sent
+        before it is done."""
+        if self.store.get(handle) is not None:
+            return  # stored already
+        put = self._waiting_puts.noted(handle)
+        if put is None:
+            return
+        identity, h, arr, _ = put
+        try:
+            self._store_put(h, arr)
+        except Exception as exc:
+            self._put_failed(identity, h, exc)
+            return
+        self._to_client(identity, {"t": "reply", "rid": h["rid"]})
 
     def _store_put(self, h: dict[str, Any], arr: np.ndarray) -> None:
         """Lay a put's value out on its slice's devices and store it."""
