@@ -480,8 +480,8 @@ class Host:
         """The controller's note for a put (the executor calls this in the island's
         order): a put waiting for it is tried once more, now that every deletion sent
         before it is done."""
-        if self.store.get(handle) is not None:
-            return  # stored already
+        if self.store.get(handle) is not None or self.executor.fed.outstanding(handle):
+            return  # stored already, or a Dask task here computes it
         put = self._waiting_puts.noted(handle)
         if put is None:
             return
