@@ -28,8 +28,9 @@ class WaitingPuts:
         self._remember = remember
 
     def park(self, handle: int, put: Any) -> bool:
-        """Hold ``put``, which does not fit, until the note for ``handle``. False if that
-        note came already: everything before the put is done, and it fails now."""
+        """Hold ``put``, which did not fit, until the note for ``handle``. False if that
+        note came already: everything before the put is done (perhaps only since the put
+        was tried), so it is tried once more now, and fails if it still does not fit."""
         with self._lock:
             if handle in self._noted:
                 del self._noted[handle]

@@ -465,7 +465,7 @@ class Host:
                 # It may fit once the deletions sent before it are done (see _puts).
                 if self._waiting_puts.park(h["handle"], (identity, h, arr, exc)):
                     return
-                raise
+                self._store_put(h, arr)  # they are done now
             self._waiting_puts.arrived(h["handle"])
             self._to_client(identity, {"t": "reply", "rid": rid})
         except Exception as exc:

@@ -14,10 +14,10 @@ def test_a_put_waits_for_its_note_and_is_handed_back_once() -> None:
     assert w.noted(1) is None and len(w) == 0
 
 
-def test_a_put_whose_note_came_first_fails_at_once() -> None:
+def test_a_put_whose_note_came_first_is_not_held() -> None:
     w = WaitingPuts()
     assert w.noted(1) is None
-    assert not w.park(1, "put 1")  # everything before it is done: it does not fit
+    assert not w.park(1, "put 1")  # everything before it is done: try it once more
     assert w.park(1, "again")  # the note was used up
 
 
