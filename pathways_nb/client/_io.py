@@ -255,7 +255,11 @@ class IOThread:
     def deletes_now(self) -> None:
         """Send the deletions queued so far ahead of whatever a caller sends next (a
         put's note: the host waits for it before failing a put that does not fit)."""
-        for message in self._delete_messages():
+        # Taken under the lock the IO thread drains under: deletions a drain in progress
+        # took are sent before it lets go, so none can follow what the caller sends next.
+        with self._ctl_lock:
+            messages = self._delete_messages()
+        for message in messages:
             self._to_controller(_BATCHED, [message], message)
 
     def _send_deletes(self) -> None:
