@@ -202,7 +202,7 @@ class ResourceManager:
     def held(self, tenant: int) -> int:
         """Devices the tenant's slices hold: active ones, and lost ones waiting to be
         remapped (they take devices again when they are)."""
-        return sum(s.size for s in self.slices.values() if s.tenant == tenant)
+        return self.held_by_tenant().get(tenant, 0)
 
     def held_by_tenant(self) -> dict[int, int]:
         """:meth:`held` of every tenant with slices, in one pass."""

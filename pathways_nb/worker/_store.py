@@ -181,15 +181,10 @@ class ObjectStore:
         with self._lock:
             for h, v, n in zip(handles, values, nbytes, strict=True):
                 old = entries.get(h)
-                if old is not None:
-                    self._bytes -= old.nbytes
-                    n0 = old.nbytes
-                else:
-                    n0 = 0
+                delta = n if old is None else n - old.nbytes
                 entries[h] = Entry(v, None, n, origin, False)
-                self._bytes += n
-                if n != n0:
-                    account(h, n - n0)
+                self._bytes += delta
+                account(h, delta)
             if self._cond_waiters:
                 self._cond.notify_all()
             arrived = bool(self._watched) and not self._watched.isdisjoint(handles)
