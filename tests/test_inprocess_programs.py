@@ -119,6 +119,24 @@ def test_put_refuses_what_no_program_could_take(client: pw.Client) -> None:
         vs.put(np.array(["a", "b"]), P())
 
 
+def test_an_argument_no_program_could_take_is_named_in_the_call(client: pw.Client) -> None:
+    """As jax.jit's error names the parameter and the path inside it."""
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones(4, np.float32), P("data"))
+
+    def f(n: int, x: Any, opts: Any = None) -> Any:
+        return x
+
+    with pytest.raises(TypeError, match=r"f: argument 'opts' \(str\) cannot be passed.*static"):
+        pw.jit(f, static_argnums=0)(3, x, "fast")
+    with pytest.raises(TypeError, match=r"f: keyword argument 'opts'\['a'\]\[1\] \(str\)"):
+        pw.jit(f)(3, x, opts={"a": [1.0, "b"]})
+    with pytest.raises(TypeError, match=r"positional argument 1 \(str\).*numeric or boolean"):
+        pw.jit(lambda *a: a[0])(x, "b")
+    # Marked static, the same value is fixed in the program.
+    np.testing.assert_array_equal(pw.jit(f, static_argnums=(0, 2))(3, x, "fast"), np.ones(4))
+
+
 def test_sharded_program_matches_plain_jax(client: pw.Client) -> None:
     vs = client.allocate({"data": 4})
     rng = np.random.default_rng(1)

@@ -259,6 +259,24 @@ class RemoteFunction:
             full.append(sp[i] if i in sp else next(it))
         return self.fun(*full, **dyn_kwargs, **dict(static_kw))
 
+    def _where(self, dyn: Any, static: Any, index: int) -> str:
+        """Where dynamic leaf ``index`` of a call sits, in the caller's words: the
+        parameter (by name where the signature has one) and the path inside it."""
+        path = jax.tree_util.tree_flatten_with_path(dyn)[0][index][0]
+        head, inner = path[1], jax.tree_util.keystr(path[2:])
+        if isinstance(head, jax.tree_util.DictKey):
+            return f"keyword argument {head.key!r}{inner}"
+        static_pos, _, nargs, _ = static
+        fixed = {i for i, _ in static_pos}
+        position = [i for i in range(nargs) if i not in fixed][head.idx]
+        params = list(self._signature.parameters.values()) if self._signature else []
+        if position < len(params) and params[position].kind in (
+            params[position].POSITIONAL_ONLY,
+            params[position].POSITIONAL_OR_KEYWORD,
+        ):
+            return f"argument {params[position].name!r}{inner}"
+        return f"positional argument {position}{inner}"
+
     def _leaf_specs(self, treedef: Any) -> list[PartitionSpec | None]:
         """``in_shardings`` broadcast to one spec (or None) per dynamic leaf."""
         n = treedef.num_leaves

@@ -72,7 +72,18 @@ class ProgramCalls:
         for leaf in leaves:
             if type(leaf) is not RemoteArray or leaf.slice is not vs or leaf._epoch != vs.epoch:
                 in_specs = f._leaf_specs(treedef)
-                arrays = [self._onto(vs, x, s, rec) for x, s in zip(leaves, in_specs, strict=True)]
+                arrays = []
+                for i, (x, s) in enumerate(zip(leaves, in_specs, strict=True)):
+                    try:
+                        arrays.append(self._onto(vs, x, s, rec))
+                    except TypeError as exc:
+                        # What put says of a value, said of the call's argument it came from.
+                        raise TypeError(
+                            f"{f.name}: {f._where(dyn, static, i)} ({type(x).__name__}) "
+                            f"cannot be passed to the program: {exc}. Pass arrays or numbers "
+                            "there, or mark the argument static (static_argnums / "
+                            "static_argnames) to fix its value in the program"
+                        ) from None
                 break
             if leaf._deleted:
                 leaf._check_usable()
