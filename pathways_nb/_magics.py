@@ -147,7 +147,13 @@ class PathwaysMagics(Magics):
                 raise UsageError("trace takes one file name, e.g. %pathways trace step.json")
             client = s.require()
             client.wait_all()
-            path = pw.viz.write_trace(client.events(), args.rest[0])
+            try:
+                path = pw.viz.write_trace(client.events(), args.rest[0])
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot write the trace to {args.rest[0]!r}: {exc.strerror or exc}. "
+                    "Give a file in a directory that exists and that you may write to"
+                ) from None
             print(f"wrote {path}: open it at https://ui.perfetto.dev or chrome://tracing")
             return None
         if args.command == "stop":

@@ -93,6 +93,9 @@ def test_trace_writes_perfetto_json(ip: Any, tmp_path: Path) -> None:
     assert "perfetto" in out.stdout
     doc = json.loads(path.read_text())
     assert any(e.get("name") == "f" and e["ph"] == "X" for e in doc["traceEvents"])
+    with capture_output() as out:
+        ip.run_line_magic("pathways", f"trace {tmp_path / 'missing' / 'step.json'}")
+    assert "cannot write the trace to" in out.stdout and "No such file" in out.stdout
 
 
 def test_commands_before_a_cluster_say_how_to_start_one() -> None:
