@@ -219,6 +219,8 @@ def test_tcp_garbage_is_answered_and_the_cluster_keeps_serving(local: pw.LocalCl
 
 
 def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path) -> None:
+    import dask.array as da
+
     cache = tmp_path / "xla-cache"
     env = {"PATHWAYS_COMPILATION_CACHE": str(cache)}
     with (
@@ -229,6 +231,9 @@ def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path
         b = client.allocate({"x": 2})
         xa = a.put(np.ones(2, np.float32), P("x"))
         xb = b.put(np.ones(2, np.float32), P("x"))
+        rows = np.arange(48, dtype=np.float32).reshape(24, 2)
+        batches = pw.data.batches(da.from_array(rows, chunks=4), a, batch_size=4, prefetch=2)
+        got = [next(batches).fetch()]  # two more are put on the host ahead of the loop
         st = client.status()
         victim = int(st.islands.set_index("host").loc[a.host, "process"].split(":")[-1])
         old_host = a.host
@@ -254,6 +259,9 @@ def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path
         )
         moved = pw.jit(lambda v: v * 3, slice=b)(a.put(np.ones(2, np.float32), P("x")))
         np.testing.assert_array_equal(moved.fetch(), np.full(2, 3.0, np.float32))
+        # The batches lost with the host are computed again on the new one.
+        got += [batch.fetch() for batch in batches]
+        np.testing.assert_array_equal(np.concatenate(got), rows)
     # Hosts keep a persistent compilation cache, so a restarted host compiles nothing twice.
     assert cache.is_dir() and any(cache.iterdir())
 

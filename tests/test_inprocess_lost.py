@@ -264,3 +264,25 @@ def test_sockets_to_a_lost_host_are_closed_not_kept_for_the_clients_lifetime() -
         # thread's went on its next turn: one socket each to the host that took over.
         assert client._direct.sockets == 1
         assert client._io.host_sockets == io_sockets
+
+
+def test_batches_lost_with_their_host_are_computed_again_once_the_slice_is_remapped() -> None:
+    import dask.array as da
+
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        client.allocate({"x": 2})  # the other island is taken: the remap waits for a host
+        rows = np.arange(64, dtype=np.float32).reshape(32, 2)
+        it = pw.data.batches(da.from_array(rows, chunks=8), vs, batch_size=4, prefetch=2)
+        got = [next(it).fetch() for _ in range(2)]  # batches 2 and 3 are put meanwhile
+        index = _lose(c, vs)
+        t, out = _in_thread(lambda: next(it).fetch())
+        time.sleep(0.3)
+        assert t.is_alive()  # waits for the remap instead of failing
+        c.restart_host(index)
+        t.join(timeout=20)
+        assert "error" not in out, out["error"]
+        got.append(out["value"])
+        got += [b.fetch() for b in it]
+        assert vs.epoch == 1
+        np.testing.assert_array_equal(np.concatenate(got), rows)  # every row, once, in order

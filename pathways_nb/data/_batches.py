@@ -34,7 +34,10 @@ def batches(
     once it is on the host, so a training loop never waits on a batch its host is still
     reading, and no more than ``prefetch + 1`` batches are in the pipeline at a time. A
     batch whose computation failed raises its error (with the Dask traceback) where it
-    would have been yielded.
+    would have been yielded. Batches lost with their host before the loop took them are
+    computed again once the slice is remapped (see ``VirtualSlice.wait_active``), so a
+    loop that puts its checkpoint back after a ``pw.DataLossError`` goes on with the
+    next batch.
 
     ``spec`` is a PartitionSpec for every leaf, or a pytree of them matching ``data``;
     by default the rows split over the slice's first mesh axis (``P("data")`` on a
@@ -97,24 +100,41 @@ def _walk(
 ) -> Iterator[Any]:
     import jax
 
-    queue: collections.deque[Any] = collections.deque()
+    from pathways_nb._core import DataLossError
 
-    def submit(i: int) -> None:
+    # (index, batch, the slice's epoch once its put was sent) of each batch in flight.
+    queue: collections.deque[tuple[int, Any, int]] = collections.deque()
+
+    def put(i: int) -> tuple[int, Any, int]:
         lo, hi = i * size, min(rows, (i + 1) * size)
         rows_of = slice(lo, hi) if order is None else order[lo:hi]
         # One put per leaf: a tuple given to put is one array-like, as np.asarray reads it.
         parts = [vs.put(x[rows_of], s) for x, s in zip(leaves, specs, strict=True)]
-        queue.append(jax.tree.unflatten(treedef, parts))
+        return i, jax.tree.unflatten(treedef, parts), vs.epoch
+
+    def wait(batch: Any) -> None:
+        arrays: list[RemoteArray] = jax.tree.leaves(batch)
+        for a in arrays:
+            a.block_until_ready()
 
     submitted = 0
     for _ in range(count):
         while submitted < count and len(queue) <= ahead:
-            submit(submitted)
+            queue.append(put(submitted))
             submitted += 1
-        batch = queue.popleft()
-        arrays: list[RemoteArray] = jax.tree.leaves(batch)
-        for a in arrays:
-            a.block_until_ready()
+        i, batch, _ = queue.popleft()
+        try:
+            wait(batch)
+        except DataLossError:
+            # Its host died before the loop took it. Its rows are still in Dask: they are
+            # computed again where the slice is now (a put to a lost slice waits for its
+            # remap), as are those of the batches behind it put before that remap. A loss
+            # of the batch put again, or no remap in time, is raised.
+            i, batch, epoch = put(i)
+            for k, (j, _, was) in enumerate(list(queue)):
+                if was < epoch:
+                    queue[k] = put(j)
+            wait(batch)
         yield batch
 
 
