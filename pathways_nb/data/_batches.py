@@ -130,7 +130,7 @@ def _walk(
             # computed again where the slice is now (a put to a lost slice waits for its
             # remap), as are those of the batches behind it put before that remap. A loss
             # of the batch put again, or no remap in time, is raised.
-            i, batch, epoch = put(i)
+            _, batch, epoch = put(i)
             for k, (j, _, was) in enumerate(list(queue)):
                 if was < epoch:
                     queue[k] = put(j)
