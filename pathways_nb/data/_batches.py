@@ -100,7 +100,7 @@ def _walk(
 ) -> Iterator[Any]:
     import jax
 
-    from pathways_nb._core import DataLossError
+    import pathways_nb as pw
 
     # (index, batch, the slice's epoch once its put was sent) of each batch in flight.
     queue: collections.deque[tuple[int, Any, int]] = collections.deque()
@@ -125,7 +125,7 @@ def _walk(
         i, batch, _ = queue.popleft()
         try:
             wait(batch)
-        except DataLossError:
+        except pw.DataLossError:
             # Its host died before the loop took it. Its rows are still in Dask: they are
             # computed again where the slice is now (a put to a lost slice waits for its
             # remap), as are those of the batches behind it put before that remap. A loss
