@@ -35,9 +35,13 @@ _F32 = np.empty((0,), np.float32)
 
 
 @contextlib.contextmanager
-def _fed_cluster(islands: int) -> Iterator[tuple[pw.InProcessCluster, DaskClient]]:
+def _fed_cluster(
+    islands: int, tenant_store_bytes: int = 0
+) -> Iterator[tuple[pw.InProcessCluster, DaskClient]]:
     cluster = pw.InProcessCluster(
-        islands=islands, devices_per_island=2, config=Config(put_wait_seconds=PUT_WAIT)
+        islands=islands,
+        devices_per_island=2,
+        config=Config(put_wait_seconds=PUT_WAIT, tenant_store_bytes=tenant_store_bytes),
     )
     spec = {
         h.name: {"cls": Worker, "options": {"nthreads": 2, "name": h.name}} for h in cluster.hosts
@@ -371,3 +375,38 @@ def test_training_on_batches_matches_plain_jax_on_the_same_rows(client: pw.Clien
             want.append(float(loss))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert got[-1] < got[0]
+
+
+def test_a_dask_put_right_after_a_deletion_waits_for_it_under_a_store_quota() -> None:
+    """The deletion goes through the controller, the value from Dask straight into the
+    host's store: a value that does not fit waits there for the put's note, which the
+    controller passes on after the deletion."""
+    kib = 1024
+    with _fed_cluster(islands=1, tenant_store_bytes=64 * kib) as (cluster, dc):
+        c = cluster.client(dask_client=dc)
+        vs = c.allocate({"data": 2})
+        for round_ in range(5):
+            kept = vs.put(np.ones(12 * kib, np.float32), P("data"))  # 48 KiB of the 64
+            kept.block_until_ready()
+            kept.delete()
+            value = da.full((8 * kib,), float(round_), dtype=np.float32, chunks=4 * kib)
+            again = vs.put(value, P("data"))  # 32 KiB: fits once the 48 are gone
+            np.testing.assert_array_equal(again.fetch(), np.full(8 * kib, round_, np.float32))
+            del again
+        # The deletion waits on the host behind a launch that holds its queue; the value
+        # comes meanwhile and waits for its note, which comes after the deletion.
+        kept = vs.put(np.ones(12 * kib, np.float32), P("data"))
+        kept.block_until_ready()
+        c.inject_fault(vs, "slow", "delay:0.5")
+        slow = pw.jit(lambda v: v + 1, name="slow")(vs.put(np.ones(2, np.float32), P()))
+        kept.delete()
+        again = vs.put(da.full((8 * kib,), 7.0, dtype=np.float32, chunks=4 * kib), P("data"))
+        np.testing.assert_array_equal(again.fetch(), np.full(8 * kib, 7.0, np.float32))
+        np.testing.assert_array_equal(slow.fetch(), np.full(2, 2.0, np.float32))
+        del again
+        # Past the quota with nothing to delete, it still fails, once its note is in.
+        kept = vs.put(np.ones(12 * kib, np.float32), P("data"))
+        over = vs.put(da.ones((8 * kib,), dtype=np.float32, chunks=4 * kib), P("data"))
+        with pytest.raises(pw.ResourceExhaustedError, match="one client may keep on a host"):
+            over.fetch()
+        c.close()

@@ -307,6 +307,8 @@ class ArrayIO(DaskPuts, ProgramCalls):
         # (batched) completion notice to say so.
         for x in xs:
             x._ready = True
+        if self._fed:
+            self._fed_landed([x.handle for x in xs])
         out: list[Any] = [None] * len(xs)
         for part, (h, bufs) in zip(members, replies, strict=True):
             if h["t"] != "arrays":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import traceback
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,6 +114,8 @@ class DaskPuts:
             "mesh": encode_mesh(vs.mesh_shape),
         }
         nbytes = int(np.prod(shape)) * dtype.itemsize
+        # Deletions queued before the put leave ahead of its note, as for a put of bytes.
+        self._io.deletes_now()
         self._io.send_batched({"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": nbytes})
         self._io.host_request(vs.data_address, {"t": "expect", "handle": handle})
         from pathways_nb.deploy._tasks import store_on_host
@@ -191,6 +194,15 @@ class DaskPuts:
                 f"host {host} was lost while Dask computed this array for it", host=host
             )
             fed.future.cancel()
+
+    def _fed_landed(self, handles: Sequence[int]) -> None:
+        """Their hosts answered for these arrays: the Dask puts among them are stored,
+        whenever Dask's callback comes. A deletion of one is sent as any other, not held
+        for that callback: a put after it must find it sent ahead of the put's note."""
+        with self._cond:
+            for handle in handles:
+                if self._fed.pop(handle, None) is not None:
+                    self._pending.pop(-handle, None)
 
     def _defer_delete(self, handle: int) -> bool:
         """Hold a deletion until the array's Dask task is over, so that the host drops

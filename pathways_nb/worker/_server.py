@@ -471,17 +471,22 @@ class Host:
         except Exception as exc:
             self._put_failed(identity, h, exc)
 
-    def _put_failed(self, identity: bytes, h: dict[str, Any], exc: Exception) -> None:
+    def _put_failed(self, identity: bytes | None, h: dict[str, Any], exc: Exception) -> None:
+        """The put's handle holds its error; the client that sent the bytes hears it
+        (``identity`` None: Dask computed the value here, and who waits reads the store)."""
         err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
         self.store.fail(h["handle"], err)
-        self._to_client(identity, {"t": "failed", "rid": h["rid"], "error": err.to_dict()})
+        if identity is not None:
+            self._to_client(identity, {"t": "failed", "rid": h["rid"], "error": err.to_dict()})
 
     def _noted(self, handle: int) -> None:
         """The controller's note for a put (the executor calls this in the island's
         order): a put waiting for it is tried once more, now that every deletion sent
         before it is done."""
-        if self.store.get(handle) is not None or self.executor.fed.outstanding(handle):
-            return  # stored already, or a Dask task here computes it
+        if self.store.get(handle) is not None:
+            return  # stored already
+        # A put still on its way (its bytes, or its value from a Dask task here) finds
+        # the note remembered.
         put = self._waiting_puts.noted(handle)
         if put is None:
             return
@@ -491,7 +496,8 @@ class Host:
         except Exception as exc:
             self._put_failed(identity, h, exc)
             return
-        self._to_client(identity, {"t": "reply", "rid": h["rid"]})
+        if identity is not None:
+            self._to_client(identity, {"t": "reply", "rid": h["rid"]})
 
     def _store_put(self, h: dict[str, Any], arr: np.ndarray) -> None:
         """Lay a put's value out on its slice's devices and store it."""
@@ -532,8 +538,17 @@ class Host:
         if not self.executor.fed.arrive(handle):
             return  # the client let go of it while Dask computed it
         if put is not None:
+            h, arr = put
             try:
-                self._store_put(*put)
+                try:
+                    self._store_put(h, arr)
+                except ResourceExhaustedError as exc:
+                    # It may fit once the deletions sent before it are done, as a put
+                    # from the client may (see _puts).
+                    if self._waiting_puts.park(handle, (None, h, arr, exc)):
+                        return
+                    self._store_put(h, arr)  # they are done now
+                self._waiting_puts.arrived(handle)
                 return
             except Exception as exc:
                 err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
