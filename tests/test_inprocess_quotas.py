@@ -117,3 +117,22 @@ def test_a_transfer_past_the_quota_fails_the_program_that_needs_it() -> None:
         small = there.put(_floats(8 * KIB, 3.0), P("x"))
         np.testing.assert_array_equal(add(full, small).fetch(), _floats(8 * KIB, 4.0))
         np.testing.assert_array_equal(far.fetch(), _floats(32 * KIB, 3.0))
+
+
+def test_a_launch_right_after_a_small_deletion_fits_a_store_quota(
+    quotas: pw.InProcessCluster,
+) -> None:
+    """A deletion under 1 MiB leaves on the client's next IO turn, or with the next put;
+    under a quota it leaves ahead of the next launch too, which may need its room."""
+    client = quotas.client(name="a")
+    vs = client.allocate({"x": 2})
+    double = pw.jit(lambda v: v * 2, name="double")
+    src = vs.put(_floats(16 * KIB, 3.0), P("x"))
+    for _ in range(10):
+        kept = vs.put(_floats(40 * KIB), P("x"))  # with src, 56 of the 64 KiB
+        kept.block_until_ready()
+        del kept
+        out = double(src)  # 16 KiB more: fits once kept is gone
+        np.testing.assert_array_equal(out.fetch(), _floats(16 * KIB, 6.0))
+        del out
+    client.close()

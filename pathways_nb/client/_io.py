@@ -252,6 +252,11 @@ class IOThread:
         if wake:
             self._outbox.send(b"w", None)
 
+    @property
+    def deletes_waiting(self) -> bool:
+        """Whether deletions are queued, not yet sent."""
+        return bool(self._deletes)
+
     def deletes_now(self) -> None:
         """Send the deletions queued so far ahead of whatever a caller sends next (a
         put's note: the host waits for it before failing a put that does not fit)."""

@@ -231,6 +231,7 @@ class ProgramCalls:
         lid = self._ids.next()
         dst = self._ids.next()
         self._pending[lid] = [dst]
+        self._deletions_first(vs)
         self._io.send_batched(
             {
                 "t": "transfer",
@@ -275,11 +276,19 @@ class ProgramCalls:
                 decode_spec(s) if s is not None else PartitionSpec() for s in h["out_specs"]
             ]
 
+    def _deletions_first(self, vs: VirtualSlice) -> None:
+        """Under a store limit or quota on ``vs``'s host, what a launch or transfer makes
+        there may fit only once the arrays deleted before it are gone: those deletions go
+        first (else they leave on the IO thread's next turn, or with a later launch)."""
+        if vs._bounded and self._io.deletes_waiting:
+            self._io.deletes_now()
+
     def _launch(self, prog: Program, vs: VirtualSlice, arrays: list[RemoteArray]) -> Any:
         self._backpressure()
         lid = self._ids.next()
         outs = [self._ids.next() for _ in prog.out_avals]
         self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under the lock
+        self._deletions_first(vs)
         self._io.send_batched(
             {
                 "t": "launch",

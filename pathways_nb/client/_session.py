@@ -288,6 +288,7 @@ class Client(ArrayIO):
             s["devices"],
             h["data_address"],
             h["platform"],
+            h.get("bounded") is True,
         )
         self._hello_host(vs.data_address)
         self._slices[vs.id] = vs
@@ -386,7 +387,7 @@ class Client(ArrayIO):
             vs = self._slices.get(h["slice"]["slice"])
             if vs is not None:
                 self._greet_host(h["data_address"])
-                vs._remapped(h["slice"], h["data_address"], h["platform"])
+                vs._remapped(h["slice"], h["data_address"], h["platform"], h.get("bounded") is True)
         elif t == "error":
             logging.getLogger("pathways_nb.client").warning("controller: %s", h.get("message"))
 

@@ -64,6 +64,7 @@ class VirtualSlice:
         devices: list[int],
         data_address: str,
         platform: str,
+        bounded: bool = False,
     ) -> None:
         self._client = client
         self.id = sid
@@ -74,6 +75,9 @@ class VirtualSlice:
         self.devices = list(devices)
         self.data_address = data_address
         self.platform = platform
+        # Whether the host bounds what it keeps for this client (a store limit or a
+        # quota): launches then take the deletions queued before them along.
+        self._bounded = bounded
         self.state = "active"
         # What a traced program depends on: the mesh's shape and the platform.
         self.signature = (tuple(mesh.items()), platform)
@@ -132,9 +136,12 @@ class VirtualSlice:
             self.state = state
             self._changed.notify_all()
 
-    def _remapped(self, info: dict[str, Any], data_address: str, platform: str) -> None:
+    def _remapped(
+        self, info: dict[str, Any], data_address: str, platform: str, bounded: bool = False
+    ) -> None:
         """The controller mapped this lost slice onto another host's devices."""
         with self._changed:
+            self._bounded = bounded
             self.island = str(info["island"])
             self.host = str(info["host"])
             self.devices = [int(d) for d in info["devices"]]

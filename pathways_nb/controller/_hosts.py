@@ -135,6 +135,7 @@ class HostMessages:
             data_address=h["data_address"],
             process=h["process"],
             platform=h["platform"],
+            store_limit=h["store_limit"] if type(h.get("store_limit")) is int else 0,
         )
         self.rm.add_host(info)
         self.scheduler.add_island(info.island, info.process)
@@ -201,6 +202,7 @@ class HostMessages:
                     "slice": s.to_dict(),
                     "data_address": host.data_address,
                     "platform": host.platform,
+                    "bounded": host.bounded(self.config.tenant_store_bytes),
                 },
             )
 

@@ -89,7 +89,12 @@ class ClientRequests:
             detail=f"{s.name} {mesh}",
         )
         self._reply(
-            t, h["rid"], slice=s.to_dict(), data_address=host.data_address, platform=host.platform
+            t,
+            h["rid"],
+            slice=s.to_dict(),
+            data_address=host.data_address,
+            platform=host.platform,
+            bounded=host.bounded(self.config.tenant_store_bytes),
         )
 
     def _c_release(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:

@@ -24,6 +24,13 @@ class HostInfo:
     process: str
     platform: str
     alive: bool = True
+    # PATHWAYS_STORE_LIMIT_BYTES of the host (0: none).
+    store_limit: int = 0
+
+    def bounded(self, tenant_store_bytes: int) -> bool:
+        """Whether what a tenant keeps here is bounded, by the host's own limit or by
+        the quota every tenant has (``tenant_store_bytes``; 0: none)."""
+        return bool(self.store_limit or tenant_store_bytes)
 
 
 @dataclasses.dataclass

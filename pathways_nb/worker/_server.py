@@ -189,6 +189,7 @@ class Host:
                 "versions": self._versions.to_dict(),
                 "process": f"{socket.gethostname()}:{os.getpid()}",
                 "platform": self.devices[0].platform if self.devices else "none",
+                "store_limit": self.store.limit,
             }
         )
         if not self._registered.wait(timeout):

@@ -200,6 +200,7 @@ def test_snapshot_lists_hosts_with_used_devices_and_unreleased_slices() -> None:
             "process": "p0",
             "platform": "cpu",
             "alive": True,
+            "store_limit": 0,
             "used": [0, 1],
         },
         {
@@ -210,6 +211,7 @@ def test_snapshot_lists_hosts_with_used_devices_and_unreleased_slices() -> None:
             "process": "p0",
             "platform": "cpu",
             "alive": False,
+            "store_limit": 0,
             "used": [],
         },
     ]
