@@ -136,3 +136,21 @@ def test_a_launch_right_after_a_small_deletion_fits_a_store_quota(
         np.testing.assert_array_equal(out.fetch(), _floats(16 * KIB, 6.0))
         del out
     client.close()
+
+
+def test_status_shows_each_islands_store_limit_and_the_bytes_its_host_keeps() -> None:
+    with pw.InProcessCluster(2, 2, config=Config(store_limit_bytes=QUOTA)) as c:
+        a, b = c.client(name="a"), c.client(name="b")
+        va, vb = a.allocate({"x": 2}), b.allocate({"x": 2})
+        kept = [va.put(_floats(16 * KIB), P("x"))]
+        kept += [vb.put(_floats(8 * KIB), P("x")) for _ in range(2)]
+        for x in kept:
+            x.block_until_ready()
+
+        def islands() -> dict[str, tuple[int, int]]:
+            t = a.status().islands
+            rows = zip(t.host, t.store_bytes, t.store_limit, strict=True)
+            return {h: (n, lim) for h, n, lim in rows}
+
+        _until(lambda: islands() == {va.host: (16 * KIB, QUOTA), vb.host: (16 * KIB, QUOTA)})
+        assert "store_limit" in repr(a.status())

@@ -9,7 +9,20 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 FIELDS = ("time", "kind", "tenant", "lid", "program", "slice", "island", "host", "detail")
-ISLAND_COLUMNS = ("island", "host", "alive", "platform", "process", "devices", "free", "queued")
+ISLAND_COLUMNS = (
+    "island",
+    "host",
+    "alive",
+    "platform",
+    "process",
+    "devices",
+    "free",
+    "queued",
+    # The bytes of the arrays its host keeps (every tenant's, as of its last heartbeat)
+    # and its PATHWAYS_STORE_LIMIT_BYTES (0: none).
+    "store_bytes",
+    "store_limit",
+)
 DEVICE_COLUMNS = ("island", "host", "device", "slice")
 SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices", "state")
 TENANT_COLUMNS = (
@@ -181,6 +194,8 @@ def tables(s: dict[str, Any]) -> dict[str, list[Any]]:
                 len(h["devices"]),
                 free,
                 s["queued"].get(h["island"], 0),
+                h.get("store_bytes", 0),
+                h.get("store_limit", 0),
             ]
         )
         for d in h["devices"]:

@@ -331,6 +331,9 @@ class ClientRequests:
 
     def _c_status(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         snap = self.rm.snapshot()
+        for host in snap["hosts"]:
+            # Every tenant's arrays on the host, as of its last heartbeat.
+            host["store_bytes"] = sum(self._host_tenant_bytes.get(host["host"], {}).values())
         stats = self.scheduler.statistics()
         held = self.rm.held_by_tenant()
         snap["tenants"] = [
