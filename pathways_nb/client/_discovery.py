@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import threading
 from typing import Any
 
 from pathways_nb._core import BrokenError
+
+# Seconds a probe of the scheduler's port waits before leaving the connection to Dask.
+_PROBE_SECONDS = 2.0
 
 
 def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
     """Ask a Dask scheduler with the pathways preload about its controller."""
     from distributed.core import rpc
 
+    _refused_at_once(address)
     result: dict[str, Any] = {}
 
     async def ask() -> None:
@@ -61,6 +66,38 @@ def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
             "`dask worker --preload pathways_nb.deploy.worker`), or use `pathways-nb cluster`."
         )
     return dict(info)
+
+
+def _refused_at_once(address: str) -> None:
+    """Raise BrokenError if nothing listens at a TCP ``address`` (a stale scheduler file,
+    a cluster that stopped): Dask's connect would retry a refused connection for its
+    whole timeout, 30 s by default, before saying so. Other outcomes are left to Dask."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme != "tcp":
+            return
+        host, port = parse_host_port(location)
+    except (ValueError, TypeError):
+        return  # Dask says what is wrong with it
+    try:
+        socket.create_connection((host, port), timeout=_PROBE_SECONDS).close()
+    except ConnectionRefusedError:
+        raise BrokenError(
+            f"nothing listens at {address} (connection refused): is the cluster running, "
+            "and is that its Dask scheduler's address (a scheduler file can outlive its "
+            "cluster)? Start one with `pathways-nb cluster`, pw.LocalCluster(...), or "
+            "`dask scheduler --preload pathways_nb.deploy.scheduler` beside "
+            "`dask worker --preload pathways_nb.deploy.worker`."
+        ) from None
+    except socket.gaierror as exc:
+        raise BrokenError(
+            f"the scheduler address {address} names a host that does not resolve "
+            f"({exc.strerror or exc}): check its spelling, or use the IP address"
+        ) from None
+    except OSError:
+        return  # unreachable for now: Dask tries for its own timeout
 
 
 def address_from_file(path: str | os.PathLike[str]) -> str:

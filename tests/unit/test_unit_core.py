@@ -334,8 +334,22 @@ def test_an_address_where_nothing_answers_is_a_clear_error() -> None:
     with socket.socket() as s:  # a port that was free a moment ago, nobody listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(BrokenError, match=r"nothing answered at tcp://127.0.0.1:\d+ within 1 s"):
-        ask_scheduler(f"tcp://127.0.0.1:{port}", 1.0)
+    # Refused: said at once, where Dask would retry for the whole timeout (30 s here).
+    with pytest.raises(
+        BrokenError, match=r"nothing listens at tcp://127.0.0.1:\d+ \(connection refused\)"
+    ):
+        ask_scheduler(f"tcp://127.0.0.1:{port}")
+    with pytest.raises(BrokenError, match=r"names a host that does not resolve"):
+        ask_scheduler("tcp://no-such-host.invalid:8786")
+    # Listening but never answering (the kernel accepts for it): Dask's timeout.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        with pytest.raises(
+            BrokenError, match=r"nothing answered at tcp://127.0.0.1:\d+ within 1 s"
+        ):
+            ask_scheduler(address, 1.0)
 
 
 def test_config_reads_a_given_environment_as_this_processs(clean_env: pytest.MonkeyPatch) -> None:
