@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +161,47 @@ def test_arrays_of_every_size_cross_processes_and_come_back_read_only(
         for v, g in zip(values, pw.fetch(tree), strict=True):
             assert g.dtype == v.dtype and not g.flags.writeable
             np.testing.assert_array_equal(g, v)
+
+
+def test_an_interrupt_in_the_middle_of_a_large_fetch_leaves_the_client_usable(
+    local: pw.LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C may come between a receive of a large answer and the count of what it
+    took: the connection is then dropped, and the next fetch from that host works."""
+    from pathways_nb.wire import _stream
+
+    advance = _stream._Conn._advance
+    interrupted = threading.Event()
+
+    def interrupt_once(conn: Any, n: int, msgs: list[Any]) -> None:
+        if not interrupted.is_set() and conn._frames is not None and n:
+            interrupted.set()
+            raise KeyboardInterrupt  # as a signal handler would, with n bytes unaccounted
+        advance(conn, n, msgs)
+
+    monkeypatch.setattr(_stream._Conn, "_advance", interrupt_once)
+    out: dict[str, Any] = {}
+
+    def fetches() -> None:
+        try:
+            big.fetch()
+        except KeyboardInterrupt:
+            out["interrupted"] = True
+        out["small"] = small.fetch()
+        out["big"] = big.fetch()
+
+    with pw.Client(local) as client:
+        vs = client.allocate({"x": 4})
+        big = vs.put(np.arange(1 << 22, dtype=np.float32), P("x"))  # 16 MiB
+        small = vs.put(np.arange(8, dtype=np.float32), P("x"))
+        pw.block_until_ready([big, small])
+        t = threading.Thread(target=fetches, daemon=True)  # thread-local connections
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive(), "a fetch after the interrupt never finished"
+        assert out["interrupted"]
+        np.testing.assert_array_equal(out["small"], np.arange(8, dtype=np.float32))
+        np.testing.assert_array_equal(out["big"], np.arange(1 << 22, dtype=np.float32))
 
 
 def _thread_nices(pid: int) -> dict[int, int]:

@@ -185,10 +185,28 @@ class DirectChannels:
                             raise ProtocolError(h.get("message", ""))
                         out[i] = (h, msg.buffers)
                         missing -= 1
+        except KeyboardInterrupt:
+            # It may have come between a receive and the bookkeeping of what it took
+            # (a large answer arrives over many receives): the connection's state is
+            # unknown, so this thread's next request to these hosts opens a new one.
+            self._discard({address for address, _ in requests})
+            raise
         finally:
             if poller is not None:
                 poller.close()
         return [r for r in out if r is not None]
+
+    def _discard(self, addresses: set[str]) -> None:
+        """Close this thread's sockets to ``addresses``; new ones are made when needed."""
+        socks: dict[str, tuple[DealerSocket, int]] = getattr(self._local, "socks", {})
+        for address in addresses:
+            got = socks.pop(address, None)
+            if got is None:
+                continue
+            with self._lock:
+                if got[0] in self._all:
+                    self._all.remove(got[0])
+            got[0].close(0)
 
     def close(self) -> None:
         with self._lock:
