@@ -204,6 +204,51 @@ def test_an_interrupt_in_the_middle_of_a_large_fetch_leaves_the_client_usable(
         np.testing.assert_array_equal(out["big"], np.arange(1 << 22, dtype=np.float32))
 
 
+def test_ctrl_c_during_a_burst_of_launches_leaves_nothing_half_done(
+    local: pw.LocalCluster,
+) -> None:
+    """Interrupts land at any point of a submission loop (most often right after a
+    send returns): each launch is then either whole (waited for, sent once, its outputs
+    made) or not begun, so waits end and the controller counts what the client does."""
+    import _thread
+    import random
+
+    rng = random.Random(0)
+    with pw.Client(local) as client:
+        vs = client.allocate({"x": 4})
+        inc = pw.jit(lambda v: v + 1, name="inc")
+        for _ in range(12):
+            x = vs.put(np.zeros(8, np.float32), P("x"))
+            caught = threading.Event()
+
+            def interrupt(after: float, caught: threading.Event = caught) -> None:
+                # Again until one lands: a KeyboardInterrupt raised inside a garbage
+                # collector's callback (JAX has one) is swallowed there.
+                while not caught.wait(after):
+                    _thread.interrupt_main()
+                    after = 0.02
+
+            timer = threading.Thread(target=interrupt, args=(rng.uniform(0.01, 0.08),))
+            timer.start()
+            calls = 0
+            try:
+                while True:
+                    x = inc(x)
+                    calls += 1
+            except KeyboardInterrupt:
+                caught.set()
+            timer.join()
+            np.testing.assert_array_equal(x.fetch(), np.full(8, calls, np.float32))
+            client.wait_all(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            tenants = client.status().tenants
+            if int(tenants.set_index("tenant").loc[client.tenant, "pending"]) == 0:
+                break
+            time.sleep(0.05)
+        assert int(tenants.set_index("tenant").loc[client.tenant, "pending"]) == 0
+
+
 def _thread_nices(pid: int) -> dict[int, int]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):

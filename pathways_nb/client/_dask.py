@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import DataLossError, RemoteError, encode_dtype, encode_mesh, encode_spec
 from pathways_nb.client._remote import RemoteArray
+from pathways_nb.wire import interrupts_deferred
 
 if TYPE_CHECKING:
     from pathways_nb._core import HandleAllocator
@@ -127,10 +128,11 @@ class DaskPuts:
         )
         # A negative launch id no launch has: the array is ready once Dask has stored it.
         lid = -handle
-        self._pending[lid] = [handle]
-        self._fed[handle] = _Fed(stored, vs.host, vs.data_address)
-        stored.add_done_callback(lambda f: self._dask_put_done(handle, f))
-        return self._put_array(vs, handle, shape, dtype, spec, lid)
+        with interrupts_deferred():  # waited for and watched, or neither
+            self._pending[lid] = [handle]
+            self._fed[handle] = _Fed(stored, vs.host, vs.data_address)
+            stored.add_done_callback(lambda f: self._dask_put_done(handle, f))
+            return self._put_array(vs, handle, shape, dtype, spec, lid)
 
     def _put_array(
         self,

@@ -31,6 +31,7 @@ from pathways_nb.wire import (
     decode,
     encode,
     encode_batch,
+    hold_interrupts_in_main_thread,
     pack,
     peer_gone,
     receive,
@@ -64,6 +65,9 @@ class IOThread:
     ) -> None:
         self._ctx = ctx
         self._address = controller_address
+        # The calling thread sends to the controller and reads hosts' answers itself:
+        # Ctrl-C must not land between a send or a receive and its count.
+        hold_interrupts_in_main_thread()
         self._ctl = connect_dealer(ctx, controller_address, peer="the controller")
         self._outbox = Outbox()
         # Held while messages to the controller leave, by the IO thread (a whole drain)

@@ -20,6 +20,7 @@ from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
+from pathways_nb.wire import interrupts_deferred
 
 if TYPE_CHECKING:
     from pathways_nb._core import HandleAllocator
@@ -230,27 +231,27 @@ class ProgramCalls:
         self._backpressure()
         lid = self._ids.next()
         dst = self._ids.next()
-        self._pending[lid] = [dst]
-        self._deletions_first(vs)
-        self._io.send_batched(
-            {
-                "t": "transfer",
-                "lid": lid,
-                "src": x.handle,
-                "dst": dst,
-                "slice": vs.id,
-                "shape": list(x.shape),
-                "dtype": str(x.dtype),
-                "spec": encode_spec(spec),
-            }
-        )
-        out = RemoteArray(
-            self._as_client(), dst, x.shape, x.dtype, NamedSharding(vs.abstract_mesh, spec), vs, lid
-        )
-        if cached:
-            if copies is None:
-                copies = x._copies = {}
-            copies[key] = out
+        with interrupts_deferred():  # pending, sent and made, or none of them
+            self._pending[lid] = [dst]
+            self._deletions_first(vs)
+            self._io.send_batched(
+                {
+                    "t": "transfer",
+                    "lid": lid,
+                    "src": x.handle,
+                    "dst": dst,
+                    "slice": vs.id,
+                    "shape": list(x.shape),
+                    "dtype": str(x.dtype),
+                    "spec": encode_spec(spec),
+                }
+            )
+            sharding = NamedSharding(vs.abstract_mesh, spec)
+            out = RemoteArray(self._as_client(), dst, x.shape, x.dtype, sharding, vs, lid)
+            if cached:
+                if copies is None:
+                    copies = x._copies = {}
+                copies[key] = out
         return out
 
     def _register(self, prog: Program, vs: VirtualSlice) -> None:
@@ -287,31 +288,35 @@ class ProgramCalls:
         self._backpressure()
         lid = self._ids.next()
         outs = [self._ids.next() for _ in prog.out_avals]
-        self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under the lock
-        self._deletions_first(vs)
-        self._io.send_batched(
-            {
-                "t": "launch",
-                "lid": lid,
-                "slice": vs.id,
-                "pid": prog.pid,
-                "ins": [a.handle for a in arrays],
-                "outs": outs,
-                "donate": list(prog.donate),
-            }
-        )
-        for i in prog.donate:
-            arrays[i]._deleted = True
         if prog.out_shardings is None:
             prog.out_shardings = [
                 NamedSharding(vs.abstract_mesh, spec or PartitionSpec()) for spec in prog.out_specs
             ]
-        results = [
-            RemoteArray(self._as_client(), h, aval.shape, aval.dtype, sharding, vs, lid)
-            for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
-        ]
-        for i in prog.weak_outputs:
-            results[i]._mark_weak()
+        # Pending, sent, donations marked and outputs made, or none of them: a Ctrl-C
+        # between would leave a launch waited for that never left, or one that ran
+        # with no array to delete its outputs.
+        with interrupts_deferred():
+            self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under lock
+            self._deletions_first(vs)
+            self._io.send_batched(
+                {
+                    "t": "launch",
+                    "lid": lid,
+                    "slice": vs.id,
+                    "pid": prog.pid,
+                    "ins": [a.handle for a in arrays],
+                    "outs": outs,
+                    "donate": list(prog.donate),
+                }
+            )
+            for i in prog.donate:
+                arrays[i]._deleted = True
+            results = [
+                RemoteArray(self._as_client(), h, aval.shape, aval.dtype, sharding, vs, lid)
+                for h, aval, sharding in zip(outs, prog.out_avals, prog.out_shardings, strict=True)
+            ]
+            for i in prog.weak_outputs:
+                results[i]._mark_weak()
         return prog.unflatten(results)
 
     def _as_client(self) -> Client:

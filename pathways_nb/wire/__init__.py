@@ -4,6 +4,7 @@ Imports nothing from the rest of the package except ``pathways_nb._core``.
 """
 
 from pathways_nb.wire._codec import Message, decode, encode, encode_batch, pack
+from pathways_nb.wire._held import hold_interrupts_in_main_thread, interrupts_deferred
 from pathways_nb.wire._messages import SCHEMAS, check
 from pathways_nb.wire._transport import (
     AnySocket,
@@ -44,6 +45,8 @@ __all__ = [
     "departed",
     "encode",
     "encode_batch",
+    "hold_interrupts_in_main_thread",
+    "interrupts_deferred",
     "make_context",
     "new_inproc_address",
     "pack",

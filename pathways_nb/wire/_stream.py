@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import zmq
 
+from pathways_nb.wire._held import HELD
+
 _MAGIC = b"PW"
 _HEAD = struct.Struct("<2sH")
 _LEN = struct.Struct("<Q")
@@ -156,6 +158,8 @@ class _Conn:
         self._at = 0
         self._filled = 0
         self._out: collections.deque[memoryview] = collections.deque()
+        # Messages a read completed when a Ctrl-C it held was raised: the next read's.
+        self._unread: list[list[memoryview]] = []
         self.closed = False
         self.mask = select.EPOLLIN  # what the endpoint's epoll set watches for
         # Held while the outgoing queue changes: the owner flushes it, and a dealer may
@@ -169,7 +173,22 @@ class _Conn:
         Small messages are parsed out of one receive buffer; a large message's frames are
         received straight into buffers of their own (see :func:`aligned_frames`), so an
         array is copied once, by the kernel, and lands where a device can use it.
+
+        A Ctrl-C meanwhile (see ``_held``) waits for the count of what was received, and
+        the messages completed are kept for the next read when it is raised.
         """
+        if not HELD.enter():
+            return self._read()
+        msgs, self._unread = self._unread, []
+        try:
+            msgs += self._read()
+        finally:
+            self._unread = msgs
+            HELD.exit()
+        self._unread = []
+        return msgs
+
+    def _read(self) -> list[list[memoryview]]:
         msgs: list[list[memoryview]] = []
         taken = 0
         while not self.closed and taken < _BODY_TURN:
@@ -300,6 +319,10 @@ class _Conn:
     @property
     def wants_write(self) -> bool:
         return bool(self._out)
+
+    @property
+    def has_unread(self) -> bool:
+        return bool(self._unread)
 
     def flush(self) -> None:
         """Write what the kernel takes now; keep the rest queued."""
@@ -524,10 +547,19 @@ class StreamDealer(_Endpoint):
 
     def send_multipart(self, frames: Sequence[Any], copy: bool = False) -> None:
         """Send one message. Unlike a ZeroMQ socket's, this is safe from any thread
-        (the owner alone receives): a caller may send without handing over to the owner."""
+        (the owner alone receives): a caller may send without handing over to the owner.
+        A Ctrl-C meanwhile waits for the count of what was sent (see ``_held``)."""
         conn = self._conn
         if conn is None:
             return
+        held = HELD.enter()
+        try:
+            self._send(conn, frames)
+        finally:
+            if held:
+                HELD.exit()
+
+    def _send(self, conn: _Conn, frames: Sequence[Any]) -> None:
         self._send_on(conn, frames)
         if self._blocking and conn.wants_write:
             # What the kernel did not take at once goes with the socket blocking, so a
@@ -544,14 +576,26 @@ class StreamDealer(_Endpoint):
     def receive(self, limit: int = 1000) -> Iterator[list[Any]]:
         while self._backlog:
             yield self._backlog.popleft()
+        self._take_unread()
+        while self._backlog:
+            yield self._backlog.popleft()
         yield from super().receive(limit)
 
     def poll(self, timeout: int | None = None) -> int:
         """Wait up to ``timeout`` ms (None: for ever) for a message; ``POLLIN`` if one came."""
         if not self._backlog and not self._closed:
+            self._take_unread()
+        if not self._backlog and not self._closed:
             self._ep.poll(-1 if timeout is None else timeout / 1000)
             self._backlog.extend(super().receive())
         return zmq.POLLIN if self._backlog else 0
+
+    def _take_unread(self) -> None:
+        """Messages a read completed before a Ctrl-C it held was raised: no event will
+        announce them again."""
+        conn = self._conn
+        if conn is not None and conn.has_unread:
+            self._backlog.extend(conn.read())
 
     def recv_multipart(self, copy: bool = True) -> list[Any]:
         """The next message, waiting for it; ``ConnectionError`` once the router is gone."""

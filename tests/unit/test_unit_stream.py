@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import signal
 import socket
 import threading
 import time
@@ -14,7 +15,15 @@ import pytest
 import zmq
 
 from pathways_nb._core import BrokenError
-from pathways_nb.wire import Outbox, Poller, connect_dealer, departed, peer_id, receive
+from pathways_nb.wire import (
+    Outbox,
+    Poller,
+    connect_dealer,
+    departed,
+    hold_interrupts_in_main_thread,
+    peer_id,
+    receive,
+)
 from pathways_nb.wire._stream import StreamDealer, StreamRouter, dial, format_tcp, parse_tcp
 
 
@@ -366,3 +375,75 @@ def test_a_dealer_reports_what_its_kernel_buffer_takes_at_once(router: StreamRou
     assert d._conn is not None and not d._conn.wants_write
     d.close()
     assert d.send_buffer() == 0
+
+
+class _SigintAfter:
+    """A connection's socket that raises SIGINT in this (the main) thread right after
+    each call of ``name`` returns, as "interrupt kernel" does most of the time."""
+
+    def __init__(self, sock: socket.socket, name: str) -> None:
+        self._sock, self._name = sock, name
+
+    def __getattr__(self, attr: str) -> Any:
+        real = getattr(self._sock, attr)
+        if attr != self._name:
+            return real
+
+        def then_sigint(*args: Any) -> Any:
+            out = real(*args)
+            signal.raise_signal(signal.SIGINT)
+            return out
+
+        return then_sigint
+
+
+@pytest.fixture
+def held() -> Iterator[None]:
+    from pathways_nb.wire import _held
+
+    before = signal.getsignal(signal.SIGINT)
+    hold_interrupts_in_main_thread()
+    yield
+    _held.HELD.enabled = False
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("held")
+def test_ctrl_c_waits_for_the_count_of_what_a_send_or_a_receive_took(
+    router: StreamRouter,
+) -> None:
+    d = StreamDealer(router.address)
+    d.send_multipart([b"hello"])
+    (first,) = gather(router, 1)
+    peer = first[0]
+    conn = d._conn
+    assert conn is not None
+    real = conn.sock
+    # A send: the interrupt comes once the message is counted as gone, and it goes once.
+    conn.sock = _SigintAfter(real, "sendmsg")  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        d.send_multipart([b"one", b"x" * 100_000])
+    conn.sock = real
+    assert not conn.wants_write or gather(router, 0) == []
+    d.send_multipart([b"two"])
+    got = gather(router, 2)
+    assert [m[1] for m in got] == [b"one", b"two"] and len(got[0][2]) == 100_000
+    # A receive: the bytes taken are counted before the interrupt, so the next message
+    # still parses.
+    big = np.arange(1 << 18, dtype=np.float32)  # received straight into its own frames
+    conn.sock = _SigintAfter(real, "recvmsg_into")  # type: ignore[assignment]
+    router.send_multipart([peer, b"array", big.tobytes()])
+    router.send_multipart([peer, b"after"])
+    out: list[list[bytes]] = []
+    deadline = time.monotonic() + 10
+    interrupts = 0
+    while len(out) < 2 and time.monotonic() < deadline:
+        try:
+            d.poll(100)
+            out.extend([bytes(f) for f in m] for m in receive(d))
+        except KeyboardInterrupt:
+            interrupts += 1
+    assert interrupts >= 1
+    assert [m[0] for m in out] == [b"array", b"after"]
+    np.testing.assert_array_equal(np.frombuffer(out[0][1], np.float32), big)
+    d.close()
