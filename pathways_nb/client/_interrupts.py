@@ -10,33 +10,18 @@ a Ctrl-C at most one trace's time; it is raised as soon as the trace ends.
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from collections.abc import Iterator
-from typing import Any
+
+from pathways_nb.wire import hold_interrupts_in_main_thread, interrupts_deferred
 
 
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
     """Within the block, SIGINT is remembered instead of raised; on leaving it, the
     handler that was there before runs (KeyboardInterrupt, by default). Signals reach
-    only the main thread, so elsewhere this does nothing. Nesting is fine: an inner
-    block hands a held interrupt on to the outer one."""
-    if threading.current_thread() is not threading.main_thread():
+    only the main thread, so elsewhere this does nothing. Nesting is fine: the
+    outermost block hands a held interrupt on. The same sections as a client's launches
+    (see ``pathways_nb.wire._held``), turned on here too for traces made without one."""
+    hold_interrupts_in_main_thread()
+    with interrupts_deferred():
         yield
-        return
-    held: list[Any] = []
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:  # a handler installed from C: it stays as it is
-        yield
-        return
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            if callable(previous):
-                previous(signal.SIGINT, held[0])
-            elif previous == signal.SIG_DFL:
-                raise KeyboardInterrupt

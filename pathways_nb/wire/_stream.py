@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from pathways_nb.wire._held import HELD
+from pathways_nb.wire._held import HELD, interrupts_deferred
 
 _MAGIC = b"PW"
 _HEAD = struct.Struct("<2sH")
@@ -552,31 +552,22 @@ class StreamDealer(_Endpoint):
         conn = self._conn
         if conn is None:
             return
-        held = HELD.enter()
-        try:
-            self._send(conn, frames)
-        finally:
-            if held:
-                HELD.exit()
-
-    def _send(self, conn: _Conn, frames: Sequence[Any]) -> None:
-        self._send_on(conn, frames)
-        if self._blocking and conn.wants_write:
-            # What the kernel did not take at once goes with the socket blocking, so a
-            # large array leaves in as few system calls as the kernel allows.
-            with conn.lock:
-                conn.sock.setblocking(True)
-                try:
-                    conn.flush()
-                finally:
-                    if not conn.closed:
-                        conn.sock.setblocking(False)
-                self._sync_write(conn)
+        with interrupts_deferred():
+            self._send_on(conn, frames)
+            if self._blocking and conn.wants_write:
+                # What the kernel did not take at once goes with the socket blocking, so
+                # a large array leaves in as few system calls as the kernel allows.
+                with conn.lock:
+                    conn.sock.setblocking(True)
+                    try:
+                        conn.flush()
+                    finally:
+                        if not conn.closed:
+                            conn.sock.setblocking(False)
+                    self._sync_write(conn)
 
     def receive(self, limit: int = 1000) -> Iterator[list[Any]]:
-        while self._backlog:
-            yield self._backlog.popleft()
-        self._take_unread()
+        self._take_unread()  # after what the backlog holds already, as they came
         while self._backlog:
             yield self._backlog.popleft()
         yield from super().receive(limit)

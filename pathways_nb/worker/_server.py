@@ -460,17 +460,23 @@ class Host:
                     f"bytes; got {len(bufs[0])}"
                 )
             arr = arr.reshape(shape)
-            try:
-                self._store_put(h, arr)
-            except ResourceExhaustedError as exc:
-                # It may fit once the deletions sent before it are done (see _puts).
-                if self._waiting_puts.park(h["handle"], (identity, h, arr, exc)):
-                    return
-                self._store_put(h, arr)  # they are done now
-            self._waiting_puts.arrived(h["handle"])
-            self._to_client(identity, {"t": "reply", "rid": rid})
+            if self._store_or_park(identity, h, arr):
+                self._to_client(identity, {"t": "reply", "rid": rid})
         except Exception as exc:
             self._put_failed(identity, h, exc)
+
+    def _store_or_park(self, identity: bytes | None, h: dict[str, Any], arr: np.ndarray) -> bool:
+        """Store a put's value: True once stored, False if it waits for its note
+        (``identity``: the client that sent its bytes; None for a value from Dask)."""
+        try:
+            self._store_put(h, arr)
+        except ResourceExhaustedError as exc:
+            # It may fit once the deletions sent before it are done (see _puts).
+            if self._waiting_puts.park(h["handle"], (identity, h, arr, exc)):
+                return False
+            self._store_put(h, arr)  # they are done now
+        self._waiting_puts.arrived(h["handle"])
+        return True
 
     def _put_failed(self, identity: bytes | None, h: dict[str, Any], exc: Exception) -> None:
         """The put's handle holds its error; the client that sent the bytes hears it
@@ -539,17 +545,8 @@ class Host:
         if not self.executor.fed.arrive(handle):
             return  # the client let go of it while Dask computed it
         if put is not None:
-            h, arr = put
             try:
-                try:
-                    self._store_put(h, arr)
-                except ResourceExhaustedError as exc:
-                    # It may fit once the deletions sent before it are done, as a put
-                    # from the client may (see _puts).
-                    if self._waiting_puts.park(handle, (None, h, arr, exc)):
-                        return
-                    self._store_put(h, arr)  # they are done now
-                self._waiting_puts.arrived(handle)
+                self._store_or_park(None, *put)
                 return
             except Exception as exc:
                 err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
