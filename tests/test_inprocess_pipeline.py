@@ -557,6 +557,25 @@ def test_batches_already_on_the_slices_split_there_with_one_program_each(
     # One split program per slice, traced once: not a new program every step.
     assert sorted(repr(f) for f in step._splits.values()) == ["<pw.jit split (1 programs)>"] * 2
 
+    # Rows split over the devices: each device cuts its own, and a batch from NumPy is
+    # cut the same way, so x and y keep their rows together either way.
+    rows = pw.pipeline(
+        [layer, layer, layer, head],
+        slices,
+        mse,
+        optax.adam(1e-2),
+        microbatches=8,
+        batch_spec=PartitionSpec("data"),
+    )
+    for batch, vs in ((x, slices[0]), (y, slices[-1])):
+        on_slice = rows._split(vs.put(batch, PartitionSpec("data")), vs)
+        from_numpy = rows._split(batch, vs)
+        for a, b in zip(pw.fetch(on_slice), pw.fetch(from_numpy), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(pw.fetch(on_slice[1]), batch[len(batch) // 8 :][:8])
+    _, got = _train(rows, xr, yr, 3)
+    np.testing.assert_allclose(got, _reference(_params(SIZES), x, y, 3), rtol=2e-5, atol=1e-6)
+
 
 def test_init_places_parameters_on_their_stage_and_refuses_shared_arrays(
     slices: list[pw.VirtualSlice],

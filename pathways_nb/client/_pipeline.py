@@ -15,6 +15,7 @@ its stage's programs in schedule order and the stages overlap on their own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -220,18 +221,31 @@ class Pipeline:
 
     def _split(self, batch: Any, vs: VirtualSlice) -> list[Any]:
         """``batch`` (an array or a pytree of them, each leaf one row per example) as
-        ``microbatches`` pytrees of the same structure on ``vs``, leaf by leaf."""
-        m = self.microbatches
+        ``microbatches`` pytrees of the same structure on ``vs``, leaf by leaf (see
+        :func:`cut_microbatches`)."""
+        m, blocks = self.microbatches, self._row_blocks()
         leaves, treedef = jax.tree.flatten(batch)
         parts = []
         for leaf in leaves:
             if isinstance(leaf, RemoteArray):
                 parts.append(list(self._splitter(vs)(leaf)))
             else:
-                parts.append(
-                    [vs.put(part, self.batch_spec) for part in np.split(np.asarray(leaf), m)]
-                )
+                cut = cut_microbatches(np.asarray(leaf), m, blocks)
+                parts.append([vs.put(part, self.batch_spec) for part in cut])
         return [jax.tree.unflatten(treedef, [p[i] for p in parts]) for i in range(m)]
+
+    def _row_blocks(self) -> int:
+        """The blocks of rows :func:`cut_microbatches` cuts a step's batch in: the
+        devices ``batch_spec`` splits dimension 0 over on the first slice (x) and on the
+        last (y), their least common multiple, so x and y are cut alike and neither
+        moves between devices."""
+        axes = self.batch_spec[0] if len(self.batch_spec) else None
+        names = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+        counts = [
+            math.prod(vs.mesh_shape[a] for a in names if a in vs.mesh_shape)
+            for vs in (self.slices[0], self.slices[-1])
+        ]
+        return math.lcm(*counts)
 
     def _rows(self, batch: Any, what: str) -> int:
         """The examples in ``batch``: the first dimension every leaf shares, a multiple
@@ -280,11 +294,10 @@ class Pipeline:
         # exported again every step.
         key = id(vs)
         if key not in self._splits:
-            m = self.microbatches
+            m, blocks = self.microbatches, self._row_blocks()
 
             def split(b: Any) -> tuple[Any, ...]:
-                rows = b.shape[0] // m
-                return tuple(b[i * rows : (i + 1) * rows] for i in range(m))
+                return cut_microbatches(b, m, blocks)
 
             self._splits[key] = jit(split, slice=vs, name="split", out_shardings=self.batch_spec)
         return self._splits[key]
@@ -450,6 +463,23 @@ class Pipeline:
         }
 
 
+def cut_microbatches(batch: Any, microbatches: int, blocks: int = 1) -> tuple[Any, ...]:
+    """``batch``'s rows (dimension 0) as ``microbatches`` arrays of equal rows.
+
+    The rows are taken as ``blocks`` equal blocks, and microbatch ``i`` is the ``i``-th
+    part of every block, in block order: each device of a batch split over ``blocks``
+    devices cuts its own rows, as data-parallel ranks cut their local batch, so cutting
+    moves nothing between devices (a contiguous cut would move all but one part of
+    each microbatch). With ``blocks=1`` microbatch ``i`` is the ``i``-th run of rows.
+
+    >>> [m.tolist() for m in cut_microbatches(np.arange(8), 2, blocks=2)]
+    [[0, 1, 4, 5], [2, 3, 6, 7]]
+    """
+    rows = batch.shape[0] // (microbatches * blocks)
+    parts = batch.reshape(blocks, microbatches, rows, *batch.shape[1:])
+    return tuple(parts[:, i].reshape(blocks * rows, *batch.shape[1:]) for i in range(microbatches))
+
+
 def _ratio(total: Any, weight: Any) -> Any:
     return total / weight
 
@@ -489,10 +519,14 @@ def pipeline(
     leaf is cut into the microbatches along its first dimension. ``schedule`` is
     ``"gpipe"`` (all forwards, then all backwards) or ``"1f1b"`` (one forward, one
     backward once warm, so fewer activations wait). ``batch_spec`` shards each
-    microbatch over a stage slice's mesh (default: replicated). Each stage's backward
-    uses the residuals its forward kept on the slice (a ``jax.vjp`` returned as remote
-    arrays); ``remat=True`` recomputes the forward instead, keeping only the stage's
-    input: less memory, a third more arithmetic.
+    microbatch over a stage slice's mesh (default: replicated). Where it splits the
+    rows over ``D`` devices, each device cuts its own rows, as data-parallel ranks cut
+    their local batch: microbatch ``i`` holds the ``i``-th part of each of ``D`` equal
+    blocks of the batch's rows (``D=1``: the ``i``-th run of rows; x and y are cut
+    alike), so cutting a batch already on the slice moves no rows between its devices.
+    Each stage's backward uses the residuals its forward kept on the slice (a
+    ``jax.vjp`` returned as remote arrays); ``remat=True`` recomputes the forward
+    instead, keeping only the stage's input: less memory, a third more arithmetic.
 
     ``reduce_grads`` says when a stage's devices add up their parameter gradients:
     ``"microbatch"`` (default) in every backward, exactly as one program over the whole

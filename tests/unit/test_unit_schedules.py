@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pathways_nb.client._pipeline import cut_microbatches
 from pathways_nb.client._schedules import (
     Op,
     scheduled_bubble,
@@ -85,3 +91,30 @@ def test_schedules_order_each_stage_and_keep_dependencies() -> None:
     assert theoretical_bubble(4, 8) == pytest.approx(3 / 11)
     with pytest.raises(ValueError, match="schedule must be one of"):
         stage_orders(2, 2, "zigzag")
+
+
+def test_a_batch_split_over_devices_is_cut_into_microbatches_where_it_lies() -> None:
+    x = np.arange(16 * 3).reshape(16, 3)
+    parts = cut_microbatches(x, 4, blocks=2)
+    # Microbatch i: the i-th two rows of each half of the batch; every row once.
+    assert [p[:, 0].tolist() for p in parts] == [
+        [3 * r for r in (2 * i, 2 * i + 1, 8 + 2 * i, 9 + 2 * i)] for i in range(4)
+    ]
+    assert all(p.shape == (4, 3) for p in parts)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts), axis=0), x)
+    for got, want in zip(cut_microbatches(x, 4), np.split(x, 4), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    # Compiled for a batch whose rows two devices split: no data moves between them,
+    # where cutting runs of rows must move them.
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    spec = jax.ShapeDtypeStruct((16, 3), np.float32, sharding=rows)
+
+    def hlo(blocks: int) -> str:
+        cut = jax.jit(lambda b: cut_microbatches(b, 4, blocks), out_shardings=rows)
+        return str(cut.lower(spec).compile().as_text())
+
+    moves = re.compile(r"all-to-all|collective-permute|all-gather|all-reduce")
+    assert not moves.search(hlo(2))
+    assert moves.search(hlo(1))
