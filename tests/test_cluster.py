@@ -506,6 +506,31 @@ def test_start_twice_close_twice_leaves_no_processes() -> None:
     assert _gone(pids, 30), f"still running: {pids}"
 
 
+def test_a_host_that_cannot_start_fails_the_cluster_at_once_naming_why() -> None:
+    """A worker whose host cannot start (here JAX has no such platform) closes itself,
+    and the cluster says why within seconds, where it waited for its whole timeout."""
+    before = set(_cluster_pids(os.getpid()))
+    t0 = time.monotonic()
+    with pytest.raises(pw.BrokenError) as info:
+        pw.LocalCluster(
+            islands=1,
+            devices_per_island=1,
+            dashboard=False,
+            platform=None,
+            env={"JAX_PLATFORMS": "no_such_platform"},
+            timeout=120,
+        )
+    assert time.monotonic() - t0 < 60
+    message = str(info.value)
+    first = message.splitlines()[0]
+    assert "the Dask worker of island0 exited" in first
+    assert "Unable to initialize backend 'no_such_platform'" in first
+    # Waiting for the hosts no longer fills the scheduler's log with the probes'
+    # connections, which left no room there for anything else.
+    assert "closed before handshake" not in message
+    assert _gone(sorted(set(_cluster_pids(os.getpid())) - before), 30)
+
+
 def test_a_killed_kernel_leaves_no_orphans(tmp_path: object) -> None:
     script = textwrap.dedent(
         """

@@ -15,11 +15,16 @@ from pathways_nb._core import BrokenError
 _PROBE_SECONDS = 2.0
 
 
-def ask_scheduler(address: str, timeout: float = 30.0) -> dict[str, Any]:
-    """Ask a Dask scheduler with the pathways preload about its controller."""
+def ask_scheduler(address: str, timeout: float = 30.0, probe: bool = True) -> dict[str, Any]:
+    """Ask a Dask scheduler with the pathways preload about its controller.
+
+    ``probe=False`` skips the check that something listens there, for a caller that
+    knows (each probe is a connection the scheduler logs as closed before its handshake).
+    """
     from distributed.core import rpc
 
-    _refused_at_once(address)
+    if probe:
+        _refused_at_once(address)
     result: dict[str, Any] = {}
 
     async def ask() -> None:

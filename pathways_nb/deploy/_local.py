@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,28 @@ def _dask_tuning(env: dict[str, str]) -> dict[str, str]:
         if current is None or parse_timedelta(current) == parse_timedelta(stock):
             out[name] = ours
     return out
+
+
+def _host_failure(log_text: str) -> str:
+    """The exception that kept a worker's host from starting, as its log's traceback
+    ends (``RuntimeError: Unable to initialize backend ...``); "" if none is there."""
+    lines = log_text.splitlines()
+    starts = [i for i, line in enumerate(lines) if "did not start; closing the worker" in line]
+    if not starts:
+        return ""
+    cause = ""
+    for line in lines[starts[-1] + 1 :]:
+        if _LOG_LINE.match(line):
+            break  # the traceback ended: the worker's next log record
+        if _EXCEPTION_LINE.match(line):
+            cause = line.strip()
+    return cause
+
+
+# A log record of the worker (``2026-12-06 08:05:06,706 - distributed...``) and the last
+# line of a traceback (``RuntimeError: ...``).
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
 class LocalCluster:
@@ -210,8 +233,10 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             self._check_alive("a cluster process")
+            self._check_workers()
             try:
-                info: dict[str, Any] | None = ask_scheduler(self.scheduler_address, 5)
+                # The scheduler's process is alive (checked above): no need to probe it.
+                info: dict[str, Any] | None = ask_scheduler(self.scheduler_address, 5, False)
             except BrokenError:
                 info = None  # not up yet
             if info is not None:
@@ -236,6 +261,19 @@ class LocalCluster:
         for p in self._procs[:1]:
             if p.poll() is not None:
                 raise BrokenError(f"{what} exited with code {p.returncode}" + self._logs_hint())
+
+    def _check_workers(self) -> None:
+        """A ``dask worker`` command ends when its host cannot start (the preload closes
+        the worker and its nanny): say so now, with the logs, not after the timeout."""
+        for i, p in enumerate(self._procs[1:]):
+            if p.poll() is not None:
+                cause = _host_failure(self.logs().get(f"worker{i}", ""))
+                raise BrokenError(
+                    f"the Dask worker of island{i} exited with code {p.returncode} before "
+                    "its pathways host registered"
+                    + (f": {cause}" if cause else " (its log below may say why)")
+                    + self._logs_hint()
+                )
 
     def _logs_hint(self) -> str:
         tails = [

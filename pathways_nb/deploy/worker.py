@@ -59,12 +59,11 @@ async def dask_setup(worker: Any) -> None:
     """
     from distributed.core import Status
 
-    from pathways_nb.worker import Host
-
-    info = await worker.scheduler.pathways_controller()
     loop = asyncio.get_running_loop()
 
-    def start() -> Host:
+    def start(info: dict[str, Any]) -> Any:
+        from pathways_nb.worker import Host
+
         _configure_jax()
         island = str(worker.name) if worker.name is not None else worker.address
         host = Host(
@@ -82,11 +81,25 @@ async def dask_setup(worker: Any) -> None:
                 return
             await asyncio.sleep(0.005)
         try:
-            # JAX start-up and the registration handshake take a while: keep the
-            # worker's event loop free meanwhile.
-            host = await loop.run_in_executor(None, start)
+            info = await worker.scheduler.pathways_controller()
+            if not isinstance(info, dict) or "host_address" not in info:
+                # Dask answers an operation it has no handler for with nothing at all.
+                raise RuntimeError(
+                    f"the Dask scheduler at {worker.scheduler.address} runs no pathways "
+                    "controller: start it with `dask scheduler --preload "
+                    "pathways_nb.deploy.scheduler`"
+                )
+            # Importing JAX, its start-up and the registration handshake take a while:
+            # keep the worker's event loop free meanwhile.
+            host = await loop.run_in_executor(None, start, info)
         except Exception:
+            # A worker without its host serves nobody: closing it (and its nanny) ends
+            # the `dask worker` command, so whoever started it sees the failure at once
+            # instead of a cluster that never gets this host.
             log.exception("pathways host on %s did not start; closing the worker", worker.address)
+            # The close runs this preload's teardown, which cancels a start still
+            # running: this task is done starting, and must not cancel its own close.
+            setattr(worker, _TASK_ATTR, None)
             await worker.close(reason="pathways-host-failed")
             return
         setattr(worker, _HOST_ATTR, host)
