@@ -822,6 +822,11 @@ def _lan_address() -> str | None:
 def test_a_bad_setting_for_a_cluster_is_refused_before_any_process_starts() -> None:
     with pytest.raises(ValueError, match=r"got -1 \(PATHWAYS_TENANT_MAX_DEVICES\)"):
         pw.LocalCluster(1, 1, dashboard=False, env={"PATHWAYS_TENANT_MAX_DEVICES": "-1"})
+    # An address of another machine (TEST-NET-1, never assigned) and a name that does
+    # not resolve: the scheduler would exit with the cause deep in its traceback.
+    for host in ("192.0.2.1", "no-such-host.invalid"):
+        with pytest.raises(ValueError, match=rf"host='{host}' cannot be listened on here"):
+            pw.LocalCluster(1, 1, dashboard=False, host=host)
 
 
 def test_a_cluster_listens_on_the_address_it_is_given() -> None:

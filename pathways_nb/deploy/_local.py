@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,22 @@ def _dask_tuning(env: dict[str, str]) -> dict[str, str]:
         if current is None or parse_timedelta(current) == parse_timedelta(stock):
             out[name] = ours
     return out
+
+
+def _check_listenable(host: str) -> None:
+    """Refuse a ``host`` no process here can listen on (not one of this machine's
+    addresses, or a name that does not resolve) before any process starts: the Dask
+    scheduler would exit with the cause deep in its traceback."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(address)
+    except OSError as exc:
+        raise ValueError(
+            f"host={host!r} cannot be listened on here ({exc.strerror or exc}): it must be "
+            "127.0.0.1 (the default), this machine's name, or one of its own IP addresses"
+        ) from None
 
 
 def _host_failure(log_text: str) -> str:
@@ -110,6 +127,7 @@ class LocalCluster:
                 "host is the address this machine's processes listen on and others reach "
                 f"them at, such as 127.0.0.1 (the default) or this machine's IP; got {host!r}"
             )
+        _check_listenable(host)
         self.host = host
         self.islands = islands
         self.devices_per_island = devices_per_island
