@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
+from pathways_nb.deploy._cli import main as cli
 from pathways_nb.deploy._demo import init_params, make_data, train_step
 from pathways_nb.wire._stream import StreamDealer, dial
 
@@ -810,8 +812,6 @@ def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -
 
 def _lan_address() -> str | None:
     """An IPv4 address of this machine other than loopback, if it has one."""
-    import socket
-
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:
             if a.family == socket.AF_INET and not a.address.startswith("127."):
@@ -827,11 +827,29 @@ def test_a_bad_setting_for_a_cluster_is_refused_before_any_process_starts() -> N
     for host in ("192.0.2.1", "no-such-host.invalid"):
         with pytest.raises(ValueError, match=rf"host='{host}' cannot be listened on here"):
             pw.LocalCluster(1, 1, dashboard=False, host=host)
+    with pytest.raises(ValueError, match=r"such as 8786; got -1"):
+        pw.LocalCluster(1, 1, dashboard=False, port=-1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"port {port} on 127.0.0.1 is in use"):
+            pw.LocalCluster(1, 1, dashboard=False, port=port)
+        with pytest.raises(SystemExit) as info:  # the command says so as a usage error
+            cli(["cluster", "--islands", "1", "--devices", "1", "--port", str(port)])
+        assert info.value.code == 2
 
 
 def test_a_cluster_listens_on_the_address_it_is_given() -> None:
     with pytest.raises(ValueError, match=r"host is the address .* got '0.0.0.0'"):
         pw.LocalCluster(1, 1, host="0.0.0.0")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pw.LocalCluster(1, 1, dashboard=False, port=port) as cluster:
+        assert cluster.scheduler_address == f"tcp://127.0.0.1:{port}"
+        with pw.Client(f"tcp://127.0.0.1:{port}") as client:
+            assert len(client.status().islands) == 1
     ip = _lan_address()
     if ip is None:
         pytest.skip("this machine has no address besides loopback")

@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the address to listen on: 127.0.0.1 (default) serves this machine only; this "
         "machine's IP serves clients on other machines too",
     )
+    cluster.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="the Dask scheduler's port, as in `dask scheduler --port 8786`: notebooks then "
+        "connect with pw.Client('tcp://HOST:PORT'); 0 (default) takes any free one",
+    )
     status = sub.add_parser("status", help="print a running cluster's islands, slices and tenants")
     status.add_argument("address", nargs="?", help="the Dask scheduler address, tcp://host:port")
     status.add_argument("--scheduler-file", help="read the address from this file instead")
@@ -71,14 +78,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"--host is an address the cluster's processes are reached at, such as this "
                 f"machine's IP; got {args.host!r}"
             )
-        return serve(
-            args.islands,
-            args.devices,
-            platform=platform,
-            scheduler_file=args.scheduler_file,
-            dashboard=not args.no_dashboard,
-            host=args.host,
-        )
+        from pathways_nb._core import BrokenError
+
+        try:
+            return serve(
+                args.islands,
+                args.devices,
+                platform=platform,
+                scheduler_file=args.scheduler_file,
+                dashboard=not args.no_dashboard,
+                host=args.host,
+                port=args.port,
+            )
+        except ValueError as exc:  # a setting no cluster can start with
+            parser.error(str(exc))
+        except BrokenError as exc:  # a process of the cluster failed to start
+            print(f"pathways-nb cluster: {exc}", file=sys.stderr)
+            return 1
     if args.command == "status":
         from pathways_nb._core import PathwaysError
         from pathways_nb.deploy._serve import read_address, status_report

@@ -9,6 +9,7 @@ started it, so a killed kernel leaves no orphans.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -58,20 +59,34 @@ def _dask_tuning(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _check_listenable(host: str) -> None:
+def _check_listenable(host: str, port: int) -> None:
     """Refuse a ``host`` no process here can listen on (not one of this machine's
-    addresses, or a name that does not resolve) before any process starts: the Dask
-    scheduler would exit with the cause deep in its traceback."""
+    addresses, or a name that does not resolve) or a ``port`` in use there, before any
+    process starts: the Dask scheduler would exit with the cause deep in its traceback."""
     try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, _, _, _, address = infos[0]
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind(address)
     except OSError as exc:
         raise ValueError(
             f"host={host!r} cannot be listened on here ({exc.strerror or exc}): it must be "
             "127.0.0.1 (the default), this machine's name, or one of its own IP addresses"
         ) from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As the scheduler's own listener does: a port left in TIME_WAIT is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(
+                    f"port {port} on {host} is in use (by another Dask scheduler or "
+                    "pathways cluster?): choose another, or 0 for any free one"
+                ) from None
+            raise ValueError(
+                f"host={host!r} cannot be listened on here ({exc.strerror or exc}): it must "
+                "be 127.0.0.1 (the default), this machine's name, or one of its own IP "
+                "addresses"
+            ) from None
 
 
 def _host_failure(log_text: str) -> str:
@@ -105,7 +120,9 @@ class LocalCluster:
     ``platform="cpu"`` (the default) simulates devices with XLA's host platform;
     ``platform=None`` lets each worker use the accelerators it finds. ``host`` is the
     address every process listens on: 127.0.0.1 (the default) serves this machine only;
-    this machine's IP lets clients on other machines connect.
+    this machine's IP lets clients on other machines connect. ``port`` is the Dask
+    scheduler's, the one in the address ``pw.Client`` takes (``8786`` gives
+    ``tcp://HOST:8786``, as ``dask scheduler`` does); 0, the default, takes any free one.
     """
 
     def __init__(
@@ -118,6 +135,7 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         timeout: float = 120.0,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         for label, value in (("islands", islands), ("devices_per_island", devices_per_island)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -127,8 +145,14 @@ class LocalCluster:
                 "host is the address this machine's processes listen on and others reach "
                 f"them at, such as 127.0.0.1 (the default) or this machine's IP; got {host!r}"
             )
-        _check_listenable(host)
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(
+                f"port is the Dask scheduler's TCP port, 0 (the default) for any free one or "
+                f"a number up to 65535 such as 8786; got {port!r}"
+            )
+        _check_listenable(host, port)
         self.host = host
+        self.port = port
         self.islands = islands
         self.devices_per_island = devices_per_island
         self.platform = platform
@@ -179,7 +203,7 @@ class LocalCluster:
                 "--host",
                 self.host,
                 "--port",
-                "0",
+                str(self.port),
                 "--dashboard-address",
                 f"{self.host}:0" if dashboard else ":0",
                 *([] if dashboard else ["--no-dashboard"]),

@@ -51,6 +51,7 @@ def serve(
     scheduler_file: str | None = None,
     dashboard: bool = True,
     host: str = "127.0.0.1",
+    port: int = 0,
     out: IO[str] = sys.stdout,
     poll: float = 0.5,
 ) -> int:
@@ -63,7 +64,9 @@ def serve(
     """
     stop = threading.Event()
     with _stop_on_signals(stop):
-        cluster = LocalCluster(islands, devices, platform=platform, dashboard=dashboard, host=host)
+        cluster = LocalCluster(
+            islands, devices, platform=platform, dashboard=dashboard, host=host, port=port
+        )
         try:
             info = {
                 "address": cluster.scheduler_address,
