@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from pathways_nb._core import BrokenError, ClosedError, Config
+from pathways_nb.deploy._accelerators import island_envs
 from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
 
 # Dask housekeeping retuned for processes that share their cores with accelerator hosts:
@@ -118,7 +119,11 @@ class LocalCluster:
     ...     client = pw.Client(cluster)
 
     ``platform="cpu"`` (the default) simulates devices with XLA's host platform;
-    ``platform=None`` lets each worker use the accelerators it finds. ``host`` is the
+    ``platform=None`` lets each worker use the accelerators JAX finds (the CPU, with
+    ``devices_per_island`` devices, where it finds none), and a JAX platform name
+    (``"cuda"``, ``"tpu"``) asks for that one. Where the islands use NVIDIA GPUs, island
+    ``i`` owns the ``i``-th run of ``devices_per_island`` of the machine's GPUs (those
+    ``CUDA_VISIBLE_DEVICES`` shows, if set), so no two hosts drive one GPU. ``host`` is the
     address every process listens on: 127.0.0.1 (the default) serves this machine only;
     this machine's IP lets clients on other machines connect. ``port`` is the Dask
     scheduler's, the one in the address ``pw.Client`` takes (``8786`` gives
@@ -155,10 +160,19 @@ class LocalCluster:
         self.port = port
         self.islands = islands
         self.devices_per_island = devices_per_island
+        if platform is not None and (not isinstance(platform, str) or not platform):
+            raise ValueError(
+                "platform is 'cpu' (simulated devices), None (the accelerators JAX finds) or "
+                f"a JAX platform name such as 'cuda' or 'tpu'; got {platform!r}"
+            )
         self.platform = platform
         self._env = dict(env or {})
         # Checked here, where a bad value is one clear error, not a scheduler's log.
         Config.from_env({**os.environ, **self._env})
+        # Each island's own GPUs, if it is to use GPUs (refused here if too few).
+        self._island_envs = island_envs(
+            platform, islands, devices_per_island, {**os.environ, **self._env}
+        )
         self._timeout = timeout
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="pathways-cluster-")
@@ -232,8 +246,11 @@ class LocalCluster:
         if dashboard and port:
             self.dashboard_link = f"http://{self.host}:{port}/status"
         wenv = self._base_env()
-        if self.platform == "cpu":
-            wenv["JAX_PLATFORMS"] = "cpu"
+        if self.platform is not None:
+            wenv["JAX_PLATFORMS"] = self.platform
+        if self.platform == "cpu" or (self.platform is None and not any(self._island_envs)):
+            # Simulated devices, or the CPU JAX falls back to without accelerators: as
+            # many as the island asks for.
             wenv["PATHWAYS_CPU_DEVICES"] = str(self.devices_per_island)
             flags = wenv.get("XLA_FLAGS", "")
             wenv["XLA_FLAGS"] = (
@@ -263,7 +280,7 @@ class LocalCluster:
                     "--preload-nanny",
                     "pathways_nb.deploy.nanny",
                 ],
-                wenv,
+                {**wenv, **self._island_envs[i]},
                 f"worker{i}.log",
             )
         self.wait_for_hosts(self.islands, deadline - time.monotonic())

@@ -1,0 +1,45 @@
+"""Each island of a local cluster owns GPUs of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pathways_nb.deploy._accelerators import island_envs, nvidia_gpus
+
+
+def _driver(tmp_path: Path, count: int) -> str:
+    """A stand-in for /proc/driver/nvidia/gpus: one entry per GPU, named by PCI bus."""
+    d = tmp_path / "gpus"
+    d.mkdir()
+    for i in range(count):
+        (d / f"0000:{i:02x}:00.0").mkdir()
+    return str(d)
+
+
+def test_the_gpus_a_process_may_use(tmp_path: Path) -> None:
+    eight = _driver(tmp_path, 8)
+    assert nvidia_gpus({}, eight) == [str(i) for i in range(8)]
+    assert nvidia_gpus({}, str(tmp_path / "no-driver")) == []
+    # CUDA_VISIBLE_DEVICES decides when set: indices or UUIDs, up to an invalid entry.
+    assert nvidia_gpus({"CUDA_VISIBLE_DEVICES": "4, 5,6"}, eight) == ["4", "5", "6"]
+    assert nvidia_gpus({"CUDA_VISIBLE_DEVICES": "GPU-a1,GPU-b2"}, eight) == ["GPU-a1", "GPU-b2"]
+    assert nvidia_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,3"}, eight) == ["2"]
+    assert nvidia_gpus({"CUDA_VISIBLE_DEVICES": ""}, eight) == []
+
+
+def test_islands_get_disjoint_runs_of_gpus_or_a_clear_refusal(tmp_path: Path) -> None:
+    eight = _driver(tmp_path, 8)
+    envs = island_envs(None, 3, 2, {}, eight)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "2,3", "4,5"]
+    envs = island_envs("cuda", 2, 1, {"CUDA_VISIBLE_DEVICES": "6,7"}, eight)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["6", "7"]
+    with pytest.raises(ValueError, match=r"3 islands of 4 devices need 12 GPUs.*shows 8"):
+        island_envs(None, 3, 4, {}, eight)
+    # Simulated devices, another platform, or no GPUs to share: nothing to add.
+    assert island_envs("cpu", 2, 4, {}, eight) == [{}, {}]
+    assert island_envs("tpu", 2, 4, {}, eight) == [{}, {}]
+    assert island_envs(None, 2, 4, {}, str(tmp_path / "no-driver")) == [{}, {}]
+    with pytest.raises(ValueError, match=r"platform='cuda' asks for NVIDIA GPUs.*sees none"):
+        island_envs("cuda", 1, 1, {"CUDA_VISIBLE_DEVICES": "-1"}, eight)
