@@ -17,3 +17,7 @@ from __future__ import annotations
 from pathways_nb.data._batches import batches
 
 __all__ = ["batches"]
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -88,3 +88,8 @@ __all__ = [
     "trace_events",
     "write_trace",
 ]
+
+
+def __dir__() -> list[str]:
+    # Tab completion lists dir(): the public names, not the typing helpers imported here.
+    return __all__

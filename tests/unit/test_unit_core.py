@@ -358,3 +358,14 @@ def test_config_reads_a_given_environment_as_this_processs(clean_env: pytest.Mon
     assert Config.from_env(given) == Config(tenant_max_devices=4)
     with pytest.raises(ValueError, match="PATHWAYS_TENANT_STORE_BYTES must be an integer"):
         Config.from_env({"PATHWAYS_TENANT_STORE_BYTES": "4GB"})
+
+
+def test_public_namespaces_list_their_public_names_only() -> None:
+    """What tab completion shows (dir) is each package's __all__, every name of which
+    resolves: no typing helpers or imported modules beside them."""
+    import pathways_nb as pw
+
+    for module in (pw, pw.viz, pw.data):
+        assert sorted(dir(module)) == sorted(module.__all__), module.__name__
+        for name in module.__all__:
+            assert getattr(module, name) is not None
