@@ -52,18 +52,29 @@ class Session:
                         "reusing it (%pathways stop first for a different one)"
                     )
             return self.client
-        self.cluster = pw.LocalCluster(islands=islands, devices_per_island=devices)
+        try:
+            self.cluster = pw.LocalCluster(islands=islands, devices_per_island=devices)
+        except ValueError as exc:  # a setting no cluster can start with, said before it starts
+            raise UsageError(str(exc)) from None
         self.client = pw.Client(self.cluster)
         return self.client
 
     def connect(self, address: str) -> pw.Client:
+        if "://" not in address and os.path.isfile(address):
+            client = pw.Client(scheduler_file=address)
+        elif "://" not in address and (address.endswith(".json") or os.sep in address):
+            raise UsageError(
+                f"no scheduler file at {address!r}: give the file `pathways-nb cluster "
+                "--scheduler-file` or `dask scheduler --scheduler-file` wrote, or the "
+                "scheduler's address, e.g. tcp://scheduler:8786"
+            )
+        else:
+            client = pw.Client(address)
+        # Only once the new one is connected: a connect that fails keeps the session's.
         if self.client is not None and not self.client.closed:
             self.client.close()
-        if "://" not in address and os.path.isfile(address):
-            self.client = pw.Client(scheduler_file=address)
-        else:
-            self.client = pw.Client(address)
-        return self.client
+        self.client = client
+        return client
 
     def require(self) -> pw.Client:
         if self.client is None or self.client.closed:

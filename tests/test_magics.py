@@ -14,7 +14,8 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.io import capture_output
 
 import pathways_nb as pw
-from pathways_nb._magics import PathwaysMagics
+from pathways_nb._magics import PathwaysMagics, Session
+from pathways_nb._magics import UsageError as MagicsUsageError
 from pathways_nb.viz import DevicesWidget, GraphWidget, StatusWidget, TimelineWidget
 
 
@@ -50,6 +51,20 @@ def test_help_and_usage_errors(ip: Any) -> None:
     with capture_output() as out:
         ip.run_line_magic("pathways", "graph 1 +")
     assert "UsageError: graph takes a Python call" in out.stdout
+    # A scheduler file that is not there is said as such, and a connect that fails
+    # keeps the session's client.
+    before = pw.Client.current()
+    with capture_output() as out:
+        ip.run_line_magic("pathways", "connect missing/cluster.json")
+    assert "UsageError: no scheduler file at 'missing/cluster.json'" in out.stdout
+    with pytest.raises(pw.BrokenError, match=r"nothing listens at tcp://127\.0\.0\.1:1"):
+        ip.run_line_magic("pathways", "connect tcp://127.0.0.1:1")
+    assert not before.closed and pw.Client.current() is before
+
+
+def test_a_start_no_cluster_can_take_is_a_usage_error() -> None:
+    with pytest.raises(MagicsUsageError, match="devices_per_island must be a positive integer"):
+        Session().start(islands=1, devices=0)
 
 
 def test_status_devices_timeline_and_graph(ip: Any) -> None:
