@@ -92,6 +92,32 @@ def test_training_over_a_scheduler_address_matches_plain_jax(local: pw.LocalClus
             np.testing.assert_allclose(final[k], ref_params[k], rtol=1e-4, atol=1e-6)
 
 
+def test_a_client_with_64_bit_types_keeps_them_on_the_hosts(local: pw.LocalCluster) -> None:
+    """With jax_enable_x64 the client puts and traces float64 and int64 arrays: hosts
+    hold and run them as they are (they held float64 puts as float32, silently)."""
+    v = np.arange(8.0) / 3
+
+    def f(a: jax.Array, i: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.sin(a) * 1e-12 + a, i * 3_000_000_000
+
+    with pw.Client(local.scheduler_address) as client, jax.enable_x64(True):
+        vs = client.allocate({"data": 2})
+        x = vs.put(v, P("data"))
+        i = vs.put(np.arange(8), P("data"))
+        assert (x.dtype, i.dtype) == (np.float64, np.int64)
+        np.testing.assert_array_equal(np.asarray(x), v)
+        got = pw.fetch(pw.jit(f)(x, i))
+        want = jax.jit(f)(v, np.arange(8))
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, np.asarray(w))
+        # A 32-bit client of the same hosts still gets its 32-bit arrays.
+    with pw.Client(local.scheduler_address) as client:
+        vs = client.allocate({"data": 2})
+        y = pw.jit(lambda a: a * 2)(vs.put(v, P("data")))
+        assert y.dtype == np.float32 and np.asarray(y).dtype == np.float32
+
+
 def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
     with pw.Client(local) as client:
         a = client.allocate({"x": 4})

@@ -32,6 +32,11 @@ def _configure_jax() -> None:
             os.environ["MALLOC_TRIM_THRESHOLD_"],
         )
 
+    # The clients decide every dtype (a put's, a program's arguments'): a client with
+    # jax_enable_x64 puts and traces 64-bit arrays, which a host without it would
+    # silently hold as 32-bit ones, and whose programs it could not call. A 32-bit
+    # client's arrays and programs name their 32-bit dtypes, so nothing changes for it.
+    jax.config.update("jax_enable_x64", True)
     n = os.environ.get("PATHWAYS_CPU_DEVICES")
     if n:
         jax.config.update("jax_num_cpu_devices", int(n))
