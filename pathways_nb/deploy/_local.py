@@ -65,29 +65,21 @@ def _check_listenable(host: str, port: int) -> None:
     addresses, or a name that does not resolve) or a ``port`` in use there, before any
     process starts: the Dask scheduler would exit with the cause deep in its traceback."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, _, _, _, address = infos[0]
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            # As the scheduler's own listener does: a port left in TIME_WAIT is free.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {port} on {host} is in use (by another Dask scheduler or pathways "
+                "cluster?): choose another, or 0 for any free one"
+            ) from None
         raise ValueError(
             f"host={host!r} cannot be listened on here ({exc.strerror or exc}): it must be "
             "127.0.0.1 (the default), this machine's name, or one of its own IP addresses"
         ) from None
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # As the scheduler's own listener does: a port left in TIME_WAIT is free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ValueError(
-                    f"port {port} on {host} is in use (by another Dask scheduler or "
-                    "pathways cluster?): choose another, or 0 for any free one"
-                ) from None
-            raise ValueError(
-                f"host={host!r} cannot be listened on here ({exc.strerror or exc}): it must "
-                "be 127.0.0.1 (the default), this machine's name, or one of its own IP "
-                "addresses"
-            ) from None
 
 
 def _host_failure(log_text: str) -> str:
@@ -167,12 +159,11 @@ class LocalCluster:
             )
         self.platform = platform
         self._env = dict(env or {})
+        environ = {**os.environ, **self._env}
         # Checked here, where a bad value is one clear error, not a scheduler's log.
-        Config.from_env({**os.environ, **self._env})
+        Config.from_env(environ)
         # Each island's own GPUs, if it is to use GPUs (refused here if too few).
-        self._island_envs = island_envs(
-            platform, islands, devices_per_island, {**os.environ, **self._env}
-        )
+        self._island_envs = island_envs(platform, islands, devices_per_island, environ)
         self._timeout = timeout
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="pathways-cluster-")
