@@ -22,7 +22,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 import pathways_nb as pw
 
 _USAGE = """\
-%pathways start [--islands N] [--devices N]   start the embedded local cluster (reused if running)
+%pathways start [--islands N] [--devices N]   start the embedded local cluster (reused if running);
+                [--platform auto]             auto: the accelerators JAX finds (default: cpu,
+                                              simulated devices)
 %pathways connect ADDRESS|FILE                connect to a Dask scheduler with the pathways preload,
                                               or to the one a scheduler file names
 %pathways status                              live cluster status
@@ -42,18 +44,22 @@ class Session:
         self.cluster: Any = None
         self.client: pw.Client | None = None
 
-    def start(self, islands: int, devices: int) -> pw.Client:
+    def start(self, islands: int, devices: int, platform: str | None = "cpu") -> pw.Client:
         if self.client is not None and not self.client.closed:
             if self.cluster is not None:
-                have = (self.cluster.islands, self.cluster.devices_per_island)
-                if have != (islands, devices):
+                c = self.cluster
+                have = (c.islands, c.devices_per_island, c.platform)
+                if have != (islands, devices, platform):
                     print(
-                        f"a cluster of {have[0]} islands x {have[1]} devices is running; "
-                        "reusing it (%pathways stop first for a different one)"
+                        f"a cluster of {have[0]} islands x {have[1]} "
+                        f"{have[2] or 'auto'} devices is running; reusing it "
+                        "(%pathways stop first for a different one)"
                     )
             return self.client
         try:
-            self.cluster = pw.LocalCluster(islands=islands, devices_per_island=devices)
+            self.cluster = pw.LocalCluster(
+                islands=islands, devices_per_island=devices, platform=platform
+            )
         except ValueError as exc:  # a setting no cluster can start with, said before it starts
             raise UsageError(str(exc)) from None
         self.client = pw.Client(self.cluster)
@@ -109,6 +115,12 @@ class PathwaysMagics(Magics):
     @argument("rest", nargs="*", help="the command's arguments")
     @argument("--islands", type=int, default=2, help="start: islands (one worker process each)")
     @argument("--devices", type=int, default=4, help="start: devices per island")
+    @argument(
+        "--platform",
+        default="cpu",
+        help="start: cpu (simulated devices, the default), auto (the accelerators JAX "
+        "finds: each island owns GPUs of its own) or a JAX platform such as cuda",
+    )
     @argument("--last", default=None, help="timeline: a window such as 5s or 250ms")
     @argument("--static", action="store_true", help="timeline/status: draw once, no refresh")
     @argument("--slice", default=None, help="cell magic: the default slice while the cell runs")
@@ -134,7 +146,8 @@ class PathwaysMagics(Magics):
             raise UsageError(str(exc)) from None
         s = self.session
         if args.command == "start":
-            client = s.start(args.islands, args.devices)
+            platform = None if args.platform == "auto" else args.platform
+            client = s.start(args.islands, args.devices, platform)
             return s.cluster if s.cluster is not None else client
         if args.command == "connect":
             if len(args.rest) != 1:

@@ -247,6 +247,22 @@ def test_no_slice_is_a_clear_error(cluster: pw.InProcessCluster) -> None:
         assert c.pending() == 0
 
 
+def test_the_current_client_is_the_latest_still_open(cluster: pw.InProcessCluster) -> None:
+    first = cluster.client()
+    second = cluster.client()
+    try:
+        assert pw.Client.current() is second
+        second.close()
+        # The one connected before it is current again (it was "no open client").
+        assert pw.Client.current() is first
+        first.close()
+        with pytest.raises(pw.ClosedError, match="no open pathways client"):
+            pw.Client.current()
+    finally:
+        first.close()
+        second.close()
+
+
 def test_cancel_drops_queued_launches(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     client.inject_fault(vs, match="work", kind="delay:0.5")

@@ -65,6 +65,25 @@ def test_help_and_usage_errors(ip: Any) -> None:
 def test_a_start_no_cluster_can_take_is_a_usage_error() -> None:
     with pytest.raises(MagicsUsageError, match="devices_per_island must be a positive integer"):
         Session().start(islands=1, devices=0)
+    with pytest.raises(MagicsUsageError, match=r"platform is 'cpu' .* got ''"):
+        Session().start(islands=1, devices=1, platform="")
+
+
+def test_start_takes_the_platform_and_reuses_a_running_cluster(ip: Any) -> None:
+    session = ip.magics_manager.registry["PathwaysMagics"].session
+    client, session.client = session.client, None
+    try:
+        # auto: the accelerators JAX finds; here none, so each island's CPU devices.
+        cluster = ip.run_line_magic("pathways", "start --islands 1 --devices 2 --platform auto")
+        assert isinstance(cluster, pw.LocalCluster) and cluster.platform is None
+        assert list(session.client.status().islands.devices) == [2]
+        with capture_output() as out:
+            again = ip.run_line_magic("pathways", "start --islands 1 --devices 2")
+        assert again is cluster
+        assert "1 islands x 2 auto devices is running; reusing it" in out.stdout
+    finally:
+        ip.run_line_magic("pathways", "stop")
+        session.client = client
 
 
 def test_status_devices_timeline_and_graph(ip: Any) -> None:

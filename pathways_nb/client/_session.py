@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -45,6 +46,8 @@ from pathways_nb.client._status import EventRows, Status, epoch_seconds, events_
 # of devices names those holding slices on the same controller (a notebook cell that
 # made a client, run again, leaves the earlier one holding its slices).
 _OPEN: weakref.WeakSet[Client] = weakref.WeakSet()
+# Clients in the order they connected (Client.current: the latest still open).
+_CONNECTED = itertools.count()
 
 
 class Client(ArrayIO):
@@ -178,6 +181,7 @@ class Client(ArrayIO):
         )
         self._ids = HandleAllocator(self.tenant)
         Client._current = self
+        self._opened = next(_CONNECTED)
         _OPEN.add(self)
         self._finalizer = weakref.finalize(self, IOThread.stop, self._io)
         if adopt is not None:
@@ -215,7 +219,10 @@ class Client(ArrayIO):
         if self._own_ctx:
             self._ctx.term()
         if Client._current is self:
-            Client._current = None
+            # The one connected before it, if still open, is current again.
+            Client._current = max(
+                (c for c in _OPEN if not c._closed), key=lambda c: c._opened, default=None
+            )
 
     def __enter__(self) -> Client:
         return self
