@@ -398,7 +398,7 @@ class LocalCluster:
         state = "closed" if self._closed else html.escape(self.scheduler_address)
         return (
             f"<b>pathways_nb.LocalCluster</b>: {self.islands} islands x {self.devices_per_island} "
-            f"{html.escape(self.platform or 'local')} devices at <code>{state}</code>{dash}"
+            f"{html.escape(self.platform or 'auto')} devices at <code>{state}</code>{dash}"
         )
 
     def __repr__(self) -> str:
@@ -406,5 +406,5 @@ class LocalCluster:
         dash = f", dashboard {self.dashboard_link}" if self.dashboard_link else ""
         return (
             f"<pathways_nb.LocalCluster {self.islands} islands x {self.devices_per_island} "
-            f"{self.platform or 'local'} devices at {state}{dash}>"
+            f"{self.platform or 'auto'} devices at {state}{dash}>"
         )

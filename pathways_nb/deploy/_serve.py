@@ -78,7 +78,7 @@ def serve(
             }
             if scheduler_file:
                 _write_info(scheduler_file, info)
-            kind = platform or "local"
+            kind = platform or "auto"
             print(
                 f"pathways_nb cluster: {islands} islands x {devices} {kind} devices\n"
                 f"  scheduler  {cluster.scheduler_address}\n"
