@@ -239,13 +239,13 @@ class Pipeline:
         devices ``batch_spec`` splits dimension 0 over on the first slice (x) and on the
         last (y), their least common multiple, so x and y are cut alike and neither
         moves between devices."""
+        return math.lcm(self._row_devices(self.slices[0]), self._row_devices(self.slices[-1]))
+
+    def _row_devices(self, vs: VirtualSlice) -> int:
+        """The devices of ``vs`` that ``batch_spec`` splits a batch's rows over."""
         axes = self.batch_spec[0] if len(self.batch_spec) else None
         names = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
-        counts = [
-            math.prod(vs.mesh_shape[a] for a in names if a in vs.mesh_shape)
-            for vs in (self.slices[0], self.slices[-1])
-        ]
-        return math.lcm(*counts)
+        return math.prod(vs.mesh_shape[a] for a in names if a in vs.mesh_shape)
 
     def _rows(self, batch: Any, what: str) -> int:
         """The examples in ``batch``: the first dimension every leaf shares, a multiple
@@ -276,17 +276,14 @@ class Pipeline:
                 f"split into microbatches={m}: pass a batch whose first dimension is a "
                 f"multiple of {m}, or choose microbatches that divide it{hint}"
             )
-        axes = self.batch_spec[0] if len(self.batch_spec) else None
-        if axes is not None:
-            vs = self.slices[0] if what == "x" else self.slices[-1]
-            names = axes if isinstance(axes, tuple) else (axes,)
-            split = int(np.prod([vs.mesh_shape[a] for a in names if a in vs.mesh_shape]))
-            if (n // m) % split:
-                raise ValueError(
-                    f"{what} has {n} rows, so each of its microbatches={m} has {n // m}, which "
-                    f"batch_spec={self.batch_spec} does not split over {split} devices of "
-                    f"slice {vs.name!r}: pass a batch of a multiple of {m * split} rows"
-                )
+        vs = self.slices[0] if what == "x" else self.slices[-1]
+        split = self._row_devices(vs)
+        if (n // m) % split:
+            raise ValueError(
+                f"{what} has {n} rows, so each of its microbatches={m} has {n // m}, which "
+                f"batch_spec={self.batch_spec} does not split over {split} devices of "
+                f"slice {vs.name!r}: pass a batch of a multiple of {m * split} rows"
+            )
         return n
 
     def _splitter(self, vs: VirtualSlice) -> RemoteFunction:

@@ -24,6 +24,7 @@ from typing import Any
 from pathways_nb._core import BrokenError, ClosedError, Config
 from pathways_nb.deploy._accelerators import island_envs
 from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
+from pathways_nb.deploy.worker import HOST_FAILED
 
 # Dask housekeeping retuned for processes that share their cores with accelerator hosts:
 # (setting, Dask's default, ours). The event-loop health check every 20 ms and the
@@ -86,7 +87,7 @@ def _host_failure(log_text: str) -> str:
     """The exception that kept a worker's host from starting, as its log's traceback
     ends (``RuntimeError: Unable to initialize backend ...``); "" if none is there."""
     lines = log_text.splitlines()
-    starts = [i for i, line in enumerate(lines) if "did not start; closing the worker" in line]
+    starts = [i for i, line in enumerate(lines) if HOST_FAILED in line]
     if not starts:
         return ""
     cause = ""

@@ -17,6 +17,9 @@ from typing import Any
 log = logging.getLogger("pathways_nb.deploy")
 
 _HOST_ATTR = "_pathways_host"
+# Logged, with the traceback, when a host cannot start: pw.LocalCluster finds the cause
+# after it in the worker's log.
+HOST_FAILED = "did not start; closing the worker"
 _TASK_ATTR = "_pathways_host_start"
 
 
@@ -101,7 +104,7 @@ async def dask_setup(worker: Any) -> None:
             # A worker without its host serves nobody: closing it (and its nanny) ends
             # the `dask worker` command, so whoever started it sees the failure at once
             # instead of a cluster that never gets this host.
-            log.exception("pathways host on %s did not start; closing the worker", worker.address)
+            log.exception("pathways host on %s %s", worker.address, HOST_FAILED)
             # The close runs this preload's teardown, which cancels a start still
             # running: this task is done starting, and must not cancel its own close.
             setattr(worker, _TASK_ATTR, None)
