@@ -118,6 +118,25 @@ def test_a_client_with_64_bit_types_keeps_them_on_the_hosts(local: pw.LocalClust
         assert y.dtype == np.float32 and np.asarray(y).dtype == np.float32
 
 
+def test_jax_debug_nans_in_the_client_checks_outputs_on_the_hosts(
+    local: pw.LocalCluster,
+) -> None:
+    """The flag lives in the notebook's process; the hosts check the launches it marks
+    (they checked nothing: NaN flowed on as if the flag were off)."""
+    with pw.Client(local.scheduler_address) as client:
+        vs = client.allocate({"data": 2})
+        x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+        with jax.debug_nans(True):
+            y = pw.jit(lambda a: jnp.log(a - 2.0), name="shifted_log")(x)
+            z = y + 1
+        unchecked = pw.jit(lambda a: jnp.log(a - 2.0))(x)
+        with pytest.raises(FloatingPointError, match=r"output 0 .* holds NaN") as info:
+            z.fetch()
+        assert isinstance(info.value, pw.NonFiniteError)
+        assert info.value.program == "shifted_log" and info.value.host == vs.host
+        assert np.isnan(unchecked.fetch()).sum() == 2
+
+
 def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
     with pw.Client(local) as client:
         a = client.allocate({"x": 4})

@@ -7,11 +7,14 @@ This package imports nothing else from ``pathways_nb``.
 from pathways_nb._core._config import Config, default_config
 from pathways_nb._core._dtypes import as_bytes, decode_dtype, encode_dtype
 from pathways_nb._core._errors import (
+    CHECK_INFS,
+    CHECK_NANS,
     BrokenError,
     BusyError,
     CancelledError,
     ClosedError,
     DataLossError,
+    NonFiniteError,
     PathwaysError,
     ProtocolError,
     RemoteError,
@@ -48,6 +51,8 @@ from pathways_nb._core._versions import Versions, local_versions
 
 __all__ = [
     "CHECK_FROM",
+    "CHECK_INFS",
+    "CHECK_NANS",
     "BrokenError",
     "BusyError",
     "CancelledError",
@@ -56,6 +61,7 @@ __all__ = [
     "DataLossError",
     "HandleAllocator",
     "Memory",
+    "NonFiniteError",
     "PathwaysError",
     "ProtocolError",
     "RemoteError",

@@ -124,6 +124,19 @@ class ResourceExhaustedError(RemoteError):
     kind = "resource_exhausted"
 
 
+# What a launch's ``check`` field asks its host to look for in its outputs (bits).
+CHECK_NANS = 1
+CHECK_INFS = 2
+
+
+class NonFiniteError(RemoteError, FloatingPointError):
+    """A program's output held NaN (or infinity) while the client had ``jax_debug_nans``
+    (or ``jax_debug_infs``) set: what ``jax.jit`` raises as ``FloatingPointError`` there,
+    raised where the output is fetched or used."""
+
+    kind = "non_finite"
+
+
 def _rebuild(cls: type[RemoteError], d: dict[str, Any]) -> RemoteError:
     err = RemoteError.from_dict(d)
     err.__class__ = cls
@@ -133,4 +146,5 @@ def _rebuild(cls: type[RemoteError], d: dict[str, Any]) -> RemoteError:
 _KINDS: dict[str, type[RemoteError]] = {
     "data_loss": DataLossError,
     "resource_exhausted": ResourceExhaustedError,
+    "non_finite": NonFiniteError,
 }

@@ -12,7 +12,14 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import ClosedError, decode_spec, donated_twice, encode_spec
+from pathways_nb._core import (
+    CHECK_INFS,
+    CHECK_NANS,
+    ClosedError,
+    decode_spec,
+    donated_twice,
+    encode_spec,
+)
 from pathways_nb.client import _graph
 from pathways_nb.client._indexing import Dynamic, fill_index, split_index, static_key
 from pathways_nb.client._interrupts import interrupts_held
@@ -27,6 +34,8 @@ if TYPE_CHECKING:
     from pathways_nb.client._session import Client
 
 _MAX_OPS = 512
+# Read per launch; typed loosely since its flags are attributes made at run time.
+_CONFIG: Any = jax.config
 # jax.Array attributes that are values, not methods.
 _PROPERTIES = frozenset({"T", "mT", "real", "imag"})
 
@@ -298,17 +307,22 @@ class ProgramCalls:
         with interrupts_deferred():
             self._pending[lid] = outs  # a dict store is atomic; the IO thread pops under lock
             self._deletions_first(vs)
-            self._io.send_batched(
-                {
-                    "t": "launch",
-                    "lid": lid,
-                    "slice": vs.id,
-                    "pid": prog.pid,
-                    "ins": [a.handle for a in arrays],
-                    "outs": outs,
-                    "donate": list(prog.donate),
-                }
+            launch = {
+                "t": "launch",
+                "lid": lid,
+                "slice": vs.id,
+                "pid": prog.pid,
+                "ins": [a.handle for a in arrays],
+                "outs": outs,
+                "donate": list(prog.donate),
+            }
+            # jax.jit checks its outputs under these flags; the host does it here.
+            check = (CHECK_NANS if _CONFIG.jax_debug_nans else 0) | (
+                CHECK_INFS if _CONFIG.jax_debug_infs else 0
             )
+            if check:
+                launch["check"] = check
+            self._io.send_batched(launch)
             for i in prog.donate:
                 arrays[i]._deleted = True
             results = [

@@ -220,6 +220,11 @@ class ClientRequests:
                     f"input {hd:#x} of program {prog.name} is "
                     + ("not a live array" if where is None else f"on slice {where}, not {s.slice}")
                 )
+        check = h.get("check")
+        if check is not None and (type(check) is not int or not 0 <= check <= 3):
+            raise ProtocolError(
+                f"a launch's check is 1 (NaN), 2 (inf) or 3 (both), or absent; got {check!r}"
+            )
         for i in h["donate"]:
             self._untrack(ins[i])
         for hd in outs:

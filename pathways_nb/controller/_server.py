@@ -453,22 +453,21 @@ class Controller(ClientRequests, HostMessages):
                 # The program's bytes travel on their own, after what is already batched.
                 self._send_batch(s.host, batches.pop(s.host, []))
                 self._ensure_program(s.host, h["pid"])
-            batches.setdefault(s.host, []).append(
-                pack(
-                    {
-                        "t": "run",
-                        "lid": h["lid"],
-                        "slice": s.slice,
-                        "pid": h["pid"],
-                        "ins": h["ins"],
-                        "outs": h["outs"],
-                        "donate": h["donate"],
-                        "devices": s.devices,
-                        "mesh": [[k, v] for k, v in s.mesh.items()],
-                        "name": s.name,
-                    }
-                )
-            )
+            run = {
+                "t": "run",
+                "lid": h["lid"],
+                "slice": s.slice,
+                "pid": h["pid"],
+                "ins": h["ins"],
+                "outs": h["outs"],
+                "donate": h["donate"],
+                "devices": s.devices,
+                "mesh": [[k, v] for k, v in s.mesh.items()],
+                "name": s.name,
+            }
+            if "check" in h:  # jax_debug_nans / jax_debug_infs in the client
+                run["check"] = h["check"]
+            batches.setdefault(s.host, []).append(pack(run))
         for host, frames in batches.items():
             self._send_batch(host, frames)
 

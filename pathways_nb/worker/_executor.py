@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import NamedSharding
 
-from pathways_nb._core import CHECK_FROM, RemoteError, encode_spec, handle_owner
+from pathways_nb._core import CHECK_FROM, RemoteError, handle_owner
 from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._faults import Faults
 from pathways_nb.worker._fed import FedPuts
+from pathways_nb.worker._finite import nonfinite, unchecked
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs, run_key
@@ -107,7 +107,9 @@ class Executor:
             return
         self._threads = [
             threading.Thread(
-                target=self._dispatch_loop, name=f"pw-dispatch-{self.host}", daemon=True
+                target=unchecked(self._dispatch_loop),
+                name=f"pw-dispatch-{self.host}",
+                daemon=True,
             ),
             threading.Thread(
                 target=self.completions.loop, name=f"pw-complete-{self.host}", daemon=True
@@ -177,8 +179,9 @@ class Executor:
 
     def _inline_plan(self, h: dict[str, Any]) -> _Plan | None:
         """The launch's plan if it may run on the socket thread: compiled already, no
-        injected fault to take, and room in XLA's window (so the thread never waits)."""
-        if self._faults or not self.completions.has_room():
+        injected fault to take, no output check to wait for, and room in XLA's window
+        (so the thread never waits)."""
+        if self._faults or h.get("check") or not self.completions.has_room():
             return None
         return self._plan(run_key(h))
 
@@ -468,18 +471,7 @@ class Executor:
                 self.store.fail(h, e)
 
     def _do_probe(self, h: dict[str, Any]) -> None:
-        try:
-            mesh = self.programs.mesh(h["devices"], h["mesh"])
-            fn = self.programs.executable(h["pid"], mesh, ())
-            specs = [
-                encode_spec(s.spec) if isinstance(s, NamedSharding) else None
-                for s in fn.output_shardings
-            ]
-            self._send({"t": "host_reply", "rid": h["rid"], "out_specs": specs})
-        except Exception as exc:
-            name = self.programs.name(h["pid"])
-            err = to_remote(exc, "compile", program=name, slice="", host=self.host)
-            self._send({"t": "host_reply", "rid": h["rid"], "error": err.to_dict()})
+        self._send(self.programs.probe_reply(h))
 
     def _run_planned(
         self, h: dict[str, Any], plan: _Plan, entries: list[Entry], t0: float | None = None
@@ -516,6 +508,10 @@ class Executor:
                 self.store.drop([ins[i] for i in donate])
             # The exported function is flat: it returns a list of arrays.
             leaves = results if isinstance(results, list) else jax.tree.leaves(results)
+            check = h.get("check")
+            if check and (bad := nonfinite(check, args, leaves, prog.name, sname, self.host)):
+                self.completions.donated.difference_update(id(a) for a in donated)
+                raise bad
             self.store.set_many(outs, leaves, prog.out_nbytes, (prog.name, sname))
             self._launches += 1
             done = Done(h["lid"], outs, leaves, t0, None, prog.name, sname, donated, reserved)

@@ -16,7 +16,7 @@ from jax import export
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pathways_nb._core import RemoteError, decode_spec
+from pathways_nb._core import RemoteError, decode_spec, encode_spec
 from pathways_nb.worker._errors import to_remote
 
 log = logging.getLogger("pathways_nb.worker")
@@ -174,6 +174,20 @@ class Programs:
                 raise bad
             raise RemoteError(f"program {pid} is unknown on host {self.host}", kind="invalid")
         return prog
+
+    def probe_reply(self, h: dict[str, Any]) -> dict[str, Any]:
+        """The answer to a ``host_probe``: the layouts the compiler chose for the
+        program's outputs on these devices, or why it could not compile."""
+        try:
+            fn = self.executable(h["pid"], self.mesh(h["devices"], h["mesh"]), ())
+            specs = [
+                encode_spec(s.spec) if isinstance(s, NamedSharding) else None
+                for s in fn.output_shardings
+            ]
+            return {"t": "host_reply", "rid": h["rid"], "out_specs": specs}
+        except Exception as exc:
+            err = to_remote(exc, "compile", program=self.name(h["pid"]), slice="", host=self.host)
+            return {"t": "host_reply", "rid": h["rid"], "error": err.to_dict()}
 
 
 def run_key(h: dict[str, Any]) -> tuple[Any, ...]:

@@ -54,6 +54,7 @@ from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
+from pathways_nb.worker._finite import unchecked
 from pathways_nb.worker._hostcopy import from_host
 from pathways_nb.worker._peers import Peers
 from pathways_nb.worker._priority import lower_native_threads
@@ -177,7 +178,9 @@ class Host:
             lower_native_threads(nice, spread, idle)
         self.executor.start()
         self._sender.start()
-        self._thread = threading.Thread(target=self._run, name=f"pw-host-{self.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=unchecked(self._run), name=f"pw-host-{self.name}", daemon=True
+        )
         self._thread.start()
         self._to_controller(
             {
