@@ -132,3 +132,22 @@ def test_a_launch_with_a_bad_check_is_refused_and_the_controller_serves_on(
         y.fetch()
     monkeypatch.undo()
     np.testing.assert_array_equal(pw.jit(lambda v: v + 1)(x).fetch(), np.arange(4) + 1.0)
+
+
+def test_checkify_errors_come_back_with_fetch_and_throw_as_in_jax(vs: pw.VirtualSlice) -> None:
+    from jax.experimental import checkify
+
+    def positive_log(a: jax.Array) -> jax.Array:
+        checkify.check(jnp.all(a > 0), "not positive: {}", a.min())
+        return jnp.log(a)
+
+    f = checkify.checkify(positive_log)
+    x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+    err, out = pw.jit(f)(x)
+    want_err, want = jax.jit(f)(np.arange(4, dtype=np.float32))
+    assert pw.fetch(err).get() == want_err.get() == "not positive: 0.0 (`check` failed)"
+    with pytest.raises(Exception, match="not positive: 0.0"):
+        pw.fetch(err).throw()
+    np.testing.assert_array_equal(out.fetch(), np.asarray(want))
+    ok, _ = pw.jit(f)(x + 1)
+    assert pw.fetch(ok).get() is None
