@@ -114,9 +114,10 @@ class LocalCluster:
     ``platform="cpu"`` (the default) simulates devices with XLA's host platform;
     ``platform=None`` lets each worker use the accelerators JAX finds (the CPU, with
     ``devices_per_island`` devices, where it finds none), and a JAX platform name
-    (``"cuda"``, ``"tpu"``) asks for that one. Where the islands use NVIDIA GPUs, island
-    ``i`` owns the ``i``-th run of ``devices_per_island`` of the machine's GPUs (those
-    ``CUDA_VISIBLE_DEVICES`` shows, if set), so no two hosts drive one GPU. ``host`` is the
+    (``"cuda"``, ``"rocm"``, ``"tpu"``) asks for that one. Where the islands use NVIDIA
+    or AMD GPUs, island ``i`` owns the ``i``-th run of ``devices_per_island`` of the
+    machine's GPUs (those ``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES`` or
+    ``ROCR_VISIBLE_DEVICES`` shows, if set), so no two hosts drive one GPU. ``host`` is the
     address every process listens on: 127.0.0.1 (the default) serves this machine only;
     this machine's IP lets clients on other machines connect. ``port`` is the Dask
     scheduler's, the one in the address ``pw.Client`` takes (``8786`` gives

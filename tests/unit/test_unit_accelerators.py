@@ -43,3 +43,43 @@ def test_islands_get_disjoint_runs_of_gpus_or_a_clear_refusal(tmp_path: Path) ->
     assert island_envs(None, 2, 4, {}, str(tmp_path / "no-driver")) == [{}, {}]
     with pytest.raises(ValueError, match=r"platform='cuda' asks for NVIDIA GPUs.*sees none"):
         island_envs("cuda", 1, 1, {"CUDA_VISIBLE_DEVICES": "-1"}, eight)
+
+
+def _kfd(tmp_path: Path, gpus: int, cpus: int = 2) -> str:
+    """A stand-in for the AMD driver's topology: CPU nodes (gpu_id 0) and GPU nodes."""
+    d = tmp_path / "kfd"
+    for n in range(cpus + gpus):
+        node = d / str(n)
+        node.mkdir(parents=True)
+        (node / "gpu_id").write_text("0\n" if n < cpus else f"{1000 + n}\n")
+    return str(d)
+
+
+def test_amd_gpus_are_shared_out_through_the_variable_rocm_reads(tmp_path: Path) -> None:
+    four = _kfd(tmp_path, 4)
+    none = str(tmp_path / "no-nvidia")
+    envs = island_envs(None, 2, 2, {}, none, four)
+    assert envs == [{"ROCR_VISIBLE_DEVICES": "0,1"}, {"ROCR_VISIBLE_DEVICES": "2,3"}]
+    assert island_envs("rocm", 2, 1, {}, none, four) == [
+        {"ROCR_VISIBLE_DEVICES": "0"},
+        {"ROCR_VISIBLE_DEVICES": "1"},
+    ]
+    # Within the GPUs the process was given: HIP_VISIBLE_DEVICES numbers those that
+    # ROCR_VISIBLE_DEVICES leaves, so it is the one split when set.
+    given = {"ROCR_VISIBLE_DEVICES": "1,2,3", "HIP_VISIBLE_DEVICES": "0,2"}
+    assert island_envs("gpu", 2, 1, given, none, four) == [
+        {"HIP_VISIBLE_DEVICES": "0"},
+        {"HIP_VISIBLE_DEVICES": "2"},
+    ]
+    assert island_envs("rocm", 1, 2, {"ROCR_VISIBLE_DEVICES": "GPU-a,GPU-b"}, none, four) == [
+        {"ROCR_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+    ]
+    with pytest.raises(ValueError, match=r"need 6 GPUs, and this machine shows 4 AMD GPUs"):
+        island_envs("rocm", 3, 2, {}, none, four)
+    # CPU nodes alone are no GPUs; NVIDIA's are not AMD's, nor the other way round.
+    cpus_only = _kfd(tmp_path / "cpus", 0)
+    assert island_envs(None, 2, 2, {}, none, cpus_only) == [{}, {}]
+    with pytest.raises(ValueError, match=r"platform='rocm' asks for AMD GPUs.*sees none"):
+        island_envs("rocm", 1, 1, {}, _driver(tmp_path, 8), cpus_only)
+    with pytest.raises(ValueError, match=r"platform='cuda' asks for NVIDIA GPUs.*sees none"):
+        island_envs("cuda", 1, 1, {}, none, four)
