@@ -111,6 +111,30 @@ def test_64_bit_inputs_follow_jax_default_dtypes(client: pw.Client) -> None:
         np.testing.assert_array_equal(got, np.asarray(want))
 
 
+def test_64_bit_types_in_a_context_hold_on_in_process_hosts(client: pw.Client) -> None:
+    """``jax.enable_x64`` as a context holds in the client's thread only; the hosts'
+    threads, in this process too, keep the client's dtypes (a float64 put came back as
+    float32, silently, and a program of it did not compile)."""
+    a, b = client.allocate({"data": 2}), client.allocate({"data": 2})
+    v = np.arange(8.0) / 3
+
+    def f(q: jax.Array, i: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return q * 2 + 1e-12, i * 3_000_000_000
+
+    with jax.enable_x64(True):
+        x, i = a.put(v, P("data")), a.put(np.arange(8), P("data"))
+        assert (x.dtype, i.dtype) == (np.float64, np.int64)
+        np.testing.assert_array_equal(x.fetch(), v)
+        got = pw.jit(f)(x, i)
+        moved = pw.jit(lambda q: q, slice=b)(got[0])  # host to host, still 64-bit
+        want = jax.jit(f)(v, np.arange(8))
+        for g, w in zip([*got, moved], [*want, want[0]], strict=True):
+            assert g.fetch().dtype == w.dtype
+            np.testing.assert_array_equal(g.fetch(), np.asarray(w))
+    a.release()
+    b.release()
+
+
 def test_put_refuses_what_no_program_could_take(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     with pytest.raises(TypeError, match=r"sub-byte dtypes such as int4.*as int8"):

@@ -24,12 +24,13 @@ from pathways_nb.worker._completion import STOP, Completions, Done
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._faults import Faults
 from pathways_nb.worker._fed import FedPuts
-from pathways_nb.worker._finite import nonfinite, unchecked
+from pathways_nb.worker._finite import nonfinite
 from pathways_nb.worker._guards import MemoryGuard, check_donation, program_bytes
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._programs import Program, Programs, run_key
 from pathways_nb.worker._sending import SendsInFlight
 from pathways_nb.worker._store import Entry, ObjectStore
+from pathways_nb.worker._threads import as_host
 
 log = logging.getLogger("pathways_nb.worker")
 
@@ -107,12 +108,14 @@ class Executor:
             return
         self._threads = [
             threading.Thread(
-                target=unchecked(self._dispatch_loop),
+                target=as_host(self._dispatch_loop),
                 name=f"pw-dispatch-{self.host}",
                 daemon=True,
             ),
             threading.Thread(
-                target=self.completions.loop, name=f"pw-complete-{self.host}", daemon=True
+                target=as_host(self.completions.loop),
+                name=f"pw-complete-{self.host}",
+                daemon=True,
             ),
         ]
         for t in self._threads:

@@ -10,16 +10,17 @@ launch reads them first: a failed check becomes the outputs' error, and every co
 fails with it, as with any other failed program. The inputs are checked in the same
 program, so the error says whether the values came in with them.
 
-The hosts' own threads run with JAX's checks off (:func:`unchecked`): a flag set in the
-host's process (an in-process cluster shares the client's, ``JAX_DEBUG_NANS`` may be in
-a worker's environment) would otherwise fail every tenant's programs with JAX's internal
-exception instead of this check, and only for the tenants that asked for it.
+The hosts' own threads run with JAX's checks off (see :mod:`pathways_nb.worker._threads`):
+a flag set in the host's process (an in-process cluster shares the client's,
+``JAX_DEBUG_NANS`` may be in a worker's environment) would otherwise fail every tenant's
+programs with JAX's internal exception instead of this check, and only for the tenants
+that asked for it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -31,17 +32,6 @@ from pathways_nb._core import CHECK_NANS as NANS
 from pathways_nb._core import NonFiniteError
 
 _WHAT = {NANS: "NaN", INFS: "inf"}
-
-
-def unchecked(target: Callable[[], None]) -> Callable[[], None]:
-    """``target`` run with JAX's own NaN and infinity checks off in its thread."""
-
-    @functools.wraps(target)
-    def run() -> None:
-        with jax.debug_nans(False), jax.debug_infs(False):
-            target()
-
-    return run
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -54,12 +54,12 @@ from pathways_nb.wire._messages import error_header
 from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
-from pathways_nb.worker._finite import unchecked
 from pathways_nb.worker._hostcopy import from_host
 from pathways_nb.worker._peers import Peers
 from pathways_nb.worker._priority import lower_native_threads
 from pathways_nb.worker._puts import WaitingPuts
 from pathways_nb.worker._store import ObjectStore, StoreStatistics
+from pathways_nb.worker._threads import as_host
 from pathways_nb.worker._transfer import Assembler, Sender
 
 log = logging.getLogger("pathways_nb.worker")
@@ -179,7 +179,7 @@ class Host:
         self.executor.start()
         self._sender.start()
         self._thread = threading.Thread(
-            target=unchecked(self._run), name=f"pw-host-{self.name}", daemon=True
+            target=as_host(self._run), name=f"pw-host-{self.name}", daemon=True
         )
         self._thread.start()
         self._to_controller(

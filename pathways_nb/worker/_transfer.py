@@ -46,6 +46,7 @@ from pathways_nb.wire import (
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
 from pathways_nb.worker._store import Entry, ObjectStore
+from pathways_nb.worker._threads import as_host
 
 log = logging.getLogger("pathways_nb.worker")
 
@@ -160,7 +161,7 @@ class Sender:
     def start(self) -> Sender:
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self._loop, name=f"pw-send-{self.host}", daemon=True
+                target=as_host(self._loop), name=f"pw-send-{self.host}", daemon=True
             )
             self._thread.start()
         return self
