@@ -247,6 +247,33 @@ def test_retracing_follows_jax_rules(client: pw.Client) -> None:
     np.testing.assert_array_equal(out.fetch(), np.full(4, 3.0, np.float32))
 
 
+def test_a_setting_that_changes_the_trace_traces_again_as_in_jax(client: pw.Client) -> None:
+    """jax.jit keys its cache on the settings a trace depends on; a program traced
+    before a setting changed was run after it, as if it had not."""
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.ones(4, np.float32), P("data"))
+
+    def outer_plus(a: jax.Array) -> jax.Array:
+        return a[:, None] * a[None, :] + a  # (4, 4) + (4,): a rank promotion
+
+    f, g = pw.jit(outer_plus), jax.jit(outer_plus)
+    np.testing.assert_array_equal(f(x).fetch(), np.asarray(g(np.ones(4, np.float32))))
+    with jax.numpy_rank_promotion("raise"):
+        with pytest.raises(ValueError, match="jax_numpy_rank_promotion='raise'"):
+            g(np.ones(4, np.float32))
+        with pytest.raises(ValueError, match="jax_numpy_rank_promotion='raise'"):
+            f(x)
+    ramp = pw.jit(lambda a: a + jnp.arange(4.0))
+    assert ramp(x).dtype == np.float32
+    with jax.enable_x64(True):
+        want = jax.jit(lambda a: a + jnp.arange(4.0))(np.ones(4, np.float32))
+        got = ramp(x)
+        assert got.dtype == want.dtype == np.float64
+        np.testing.assert_array_equal(got.fetch(), np.asarray(want))
+    assert ramp(x).dtype == np.float32 and len(ramp._programs) == 2
+    vs.release()
+
+
 def test_donation_deletes_the_argument(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     x = vs.put(np.arange(4, dtype=np.float32), P("data"))

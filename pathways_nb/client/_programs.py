@@ -27,6 +27,7 @@ from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import Program, RemoteFunction, jit
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
+from pathways_nb.client._tracectx import trace_context
 from pathways_nb.wire import interrupts_deferred
 
 if TYPE_CHECKING:
@@ -100,7 +101,14 @@ class ProgramCalls:
         donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donates else ()
         if donate:
             _check_donation(f.name, arrays, donate)
-        key = (treedef, tuple([a._sig for a in arrays]), static, vs.signature, donate)
+        key = (
+            treedef,
+            tuple([a._sig for a in arrays]),
+            static,
+            vs.signature,
+            donate,
+            trace_context(),
+        )
         prog = f._programs.get(key)
         if prog is None:
             avals = [

@@ -369,3 +369,18 @@ def test_public_namespaces_list_their_public_names_only() -> None:
         assert sorted(dir(module)) == sorted(module.__all__), module.__name__
         for name in module.__all__:
             assert getattr(module, name) is not None
+
+
+def test_the_public_settings_stand_in_for_jaxs_trace_context() -> None:
+    import jax
+
+    from pathways_nb.client import _tracectx
+
+    for ctx in (_tracectx.trace_context, _tracectx._public_settings):
+        before = ctx()
+        assert ctx() == before and hash(ctx()) == hash(before)
+        with jax.numpy_rank_promotion("raise"):
+            assert ctx() != before
+        with jax.enable_x64(True):
+            assert ctx() != before
+        assert ctx() == before
