@@ -274,6 +274,40 @@ def test_a_setting_that_changes_the_trace_traces_again_as_in_jax(client: pw.Clie
     vs.release()
 
 
+def test_jax_jit_options_reach_the_export_and_the_hosts_compiler(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    x = vs.put(np.arange(4, dtype=np.float32), P("data"))
+
+    def first(a: jax.Array, b: jax.Array) -> jax.Array:
+        return a
+
+    def params(f: Any) -> int:
+        return f.lower(x, x).as_text().split("@main(", 1)[1].split(") ->")[0].count("%arg")
+
+    assert params(pw.jit(first)) == 1 and params(pw.jit(first, keep_unused=True)) == 2
+    np.testing.assert_array_equal(pw.jit(first, keep_unused=True)(x, x).fetch(), np.arange(4))
+    np.testing.assert_array_equal(pw.jit(first, inline=True)(x, x).fetch(), np.arange(4))
+    # Options go to the host that compiles: one XLA does not know fails there, as jax.jit's
+    # compile does; one it knows compiles a program of its own.
+    fast = pw.jit(lambda a: a * 2, compiler_options={"xla_cpu_enable_fast_math": True})
+    np.testing.assert_array_equal(fast(x).fetch(), np.arange(4) * 2.0)
+    plain = pw.jit(lambda a: a * 2)
+    plain(x)
+    assert next(iter(fast._programs.values())).pid != next(iter(plain._programs.values())).pid
+    bogus = pw.jit(lambda a: a * 2, compiler_options={"xla_no_such_option": 1})
+    with pytest.raises(pw.RemoteError, match="No such compile option: 'xla_no_such_option'"):
+        bogus(x).fetch()
+    with pytest.raises(TypeError, match=r"compiler_options\['xla_a'\] is a boolean, number"):
+        pw.jit(lambda a: a, compiler_options={"xla_a": [1]})
+    with pytest.raises(ValueError, match="places a program on a slice, not on a device"):
+        pw.jit(lambda a: a, device=jax.devices()[0])
+    with pytest.raises(ValueError, match="not on a backend"):
+        pw.jit(backend="cpu")(lambda a: a)
+    with pytest.raises(ValueError, match=r"abstracted_axes .* cannot be exported"):
+        pw.jit(lambda a: a, abstracted_axes=("n",))
+    vs.release()
+
+
 def test_donation_deletes_the_argument(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     x = vs.put(np.arange(4, dtype=np.float32), P("data"))

@@ -150,6 +150,29 @@ def test_a_request_with_a_bad_field_hears_why_at_once(cluster: pw.InProcessClust
     sock.close(0)
 
 
+def test_a_programs_compiler_options_are_bound_to_its_id(cluster: pw.InProcessCluster) -> None:
+    """Options another client did not send cannot be slipped under its program's id, and
+    options of the wrong types are refused with the reason."""
+    from pathways_nb._core import program_id
+
+    sock = _raw_dealer(cluster.context, cluster.controller.client_address)
+    assert _hello(sock)["t"] == "welcome"
+    blob, key = b"exported", b"key"
+    header = {"t": "program", "name": "p", "nin": 1, "nout": 1, "in_specs": [[]], "key": key}
+    cases = [
+        ({"xla_fast": True}, program_id(blob, key), "the id is not the digest"),
+        ({"xla_fast": [1]}, program_id(blob, key), "is a boolean, number or string"),
+        ("fast", program_id(blob, key), "is a dict of XLA option names"),
+    ]
+    for options, pid, why in cases:
+        sock.send_multipart([msgpack.packb({**header, "pid": pid, "options": options}), blob])
+        reply = msgpack.unpackb(sock.recv_multipart()[0])
+        assert reply["t"] == "error" and why in reply["message"], reply
+    assert program_id(blob, key, {"xla_fast": True}) != program_id(blob, key)
+    assert program_id(blob, key, {}) == program_id(blob, key)
+    sock.close(0)
+
+
 def test_oversized_message_is_refused_with_a_reason() -> None:
     with pw.InProcessCluster(1, 2, config=Config(max_control_message=1024)) as c:
         sock = _raw_dealer(c.context, c.controller.client_address)

@@ -23,6 +23,7 @@ from pathways_nb._core._errors import (
 )
 from pathways_nb._core._ids import (
     HandleAllocator,
+    compiler_options,
     describe_foreign,
     donated_twice,
     foreign,
@@ -70,6 +71,7 @@ __all__ = [
     "Versions",
     "as_bytes",
     "check_fits",
+    "compiler_options",
     "decode_dtype",
     "decode_mesh",
     "decode_spec",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 TENANT_SHIFT = 40
 _COUNTER_MASK = (1 << TENANT_SHIFT) - 1
@@ -20,12 +22,42 @@ def handle_owner(handle: int) -> int:
     return handle >> TENANT_SHIFT
 
 
-def program_id(blob: bytes, key: bytes) -> str:
-    """A program's id: the digest of its ``jax.export`` bytes and ``key`` (what else
-    tells two programs of the same bytes apart). The controller checks it against the
-    bytes a program message carries, so an id names those bytes alone: no client can
-    send other bytes under the id of a program another client runs."""
+def program_id(blob: bytes, key: bytes, options: Mapping[str, Any] | None = None) -> str:
+    """A program's id: the digest of its ``jax.export`` bytes, ``key`` (what else tells
+    two programs of the same bytes apart) and the compiler options its hosts compile it
+    with. The controller checks it against what a program message carries, so an id
+    names those alone: no client can send other bytes or options under the id of a
+    program another client runs."""
+    if options:
+        key += b"\0options" + json.dumps(dict(options), sort_keys=True).encode()
     return hashlib.sha256(blob + key).hexdigest()[:24]
+
+
+# What an XLA compiler option's value may be (as jax.jit's compiler_options takes them).
+_OPTION_TYPES = (bool, int, float, str)
+
+
+def compiler_options(options: Any) -> dict[str, bool | int | float | str]:
+    """``options`` checked as ``jax.jit``'s ``compiler_options``: a dict of XLA option
+    names to booleans, numbers or strings; TypeError saying what is wrong otherwise."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            "compiler_options is a dict of XLA option names to values, as jax.jit takes it "
+            f"(e.g. {{'xla_cpu_enable_fast_math': True}}); got {type(options).__name__}"
+        )
+    out: dict[str, bool | int | float | str] = {}
+    for name, value in options.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"compiler_options names options by string; got {name!r}")
+        if not isinstance(value, _OPTION_TYPES):
+            raise TypeError(
+                f"compiler_options[{name!r}] is a boolean, number or string; got "
+                f"{type(value).__name__} {value!r}"
+            )
+        out[name] = value
+    return out
 
 
 def foreign(handles: Sequence[object], tenant: int) -> object | None:

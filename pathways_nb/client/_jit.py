@@ -14,6 +14,7 @@ from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError, encode_spec, program_id
+from pathways_nb._core import compiler_options as compiler_options_checked
 from pathways_nb.client._aot import Traced
 from pathways_nb.client._argnums import argnums_and_names
 from pathways_nb.client._remote import RemoteArray
@@ -53,6 +54,8 @@ class Program:
     # leaves them out and the client puts NumPy float0 arrays in their places, as
     # jax.jit returns them.
     float0_outputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # XLA options its hosts compile it with (jax.jit's compiler_options).
+    compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def single_output(self) -> bool:
@@ -96,13 +99,36 @@ class RemoteFunction:
         donate_argnames: str | Sequence[str] | None = None,
         slice: VirtualSlice | None = None,
         name: str | None = None,
+        keep_unused: bool = False,
+        inline: bool = False,
+        compiler_options: dict[str, Any] | None = None,
+        device: Any = None,
+        backend: Any = None,
+        abstracted_axes: Any = None,
     ) -> None:
+        for what, value in (("device", device), ("backend", backend)):
+            if value is not None:
+                raise ValueError(
+                    f"pw.jit places a program on a slice, not on a {what}: drop {what}= "
+                    "(jax.jit deprecates it too) and give slice=vs, or call the function "
+                    "with arrays on the slice it should run on"
+                )
+        if abstracted_axes is not None:
+            raise ValueError(
+                "pw.jit exports programs for fixed shapes (jax.export of a jax.jit "
+                "function); abstracted_axes (dynamic shapes, experimental in jax.jit) "
+                "cannot be exported: drop it, and a new shape traces a new program"
+            )
         if not callable(fun):
             raise TypeError(f"pw.jit expects a function; got {type(fun).__name__}")
         if name is not None and not isinstance(name, str):
             raise TypeError(f"pw.jit's name= is a string; got {type(name).__name__}")
         self.fun = fun
         self.name: str = name or str(getattr(fun, "__name__", "program"))
+        self.keep_unused = bool(keep_unused)
+        self.inline = bool(inline)
+        # Compiled with on the hosts (the exported program does not carry them).
+        self.compiler_options = compiler_options_checked(compiler_options)
         self.in_shardings = in_shardings
         self.out_shardings = out_shardings
         try:
@@ -189,7 +215,7 @@ class RemoteFunction:
             )
 
         body.__name__ = self.name
-        return jax.jit(body)(*leaves)
+        return jax.jit(body, inline=self.inline, keep_unused=self.keep_unused)(*leaves)
 
     # the JAX-like extras ------------------------------------------------------------
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
@@ -205,7 +231,10 @@ class RemoteFunction:
         dyn, static = self._split(args, kwargs)
         leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
         avals = [_abstract_leaf(x) for x in leaves]
-        fn = jax.jit(lambda *xs: self._apply(jax.tree.unflatten(treedef, list(xs)), static))
+        fn = jax.jit(
+            lambda *xs: self._apply(jax.tree.unflatten(treedef, list(xs)), static),
+            keep_unused=self.keep_unused,
+        )
         remote = next((x for x in leaves if _is_remote(x)), None)
         vs = self.slice or (remote.slice if remote is not None else None)
         platform = vs.platform if vs is not None else jax.default_backend()
@@ -417,7 +446,13 @@ class RemoteFunction:
                 wanted = [s for i, s in enumerate(wanted) if i not in dropped]
                 if any(s is not None for s in wanted):
                     out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
-            jitted = jax.jit(flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate)
+            jitted = jax.jit(
+                flat,
+                in_shardings=in_sh,
+                out_shardings=out_sh,
+                donate_argnums=donate,
+                keep_unused=self.keep_unused,
+            )
             exp = export.export(jitted, platforms=(vs.platform,))(*avals)
             if exp.nr_devices != vs.size and out_sh is None:
                 # Nothing ties the program to the slice's devices (it ignores its inputs
@@ -427,7 +462,11 @@ class RemoteFunction:
                 kept = out_holder[-1].num_leaves - len(float0_holder[-1])
                 out_sh = [NamedSharding(am, PartitionSpec())] * kept
                 jitted = jax.jit(
-                    flat, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=donate
+                    flat,
+                    in_shardings=in_sh,
+                    out_shardings=out_sh,
+                    donate_argnums=donate,
+                    keep_unused=self.keep_unused,
                 )
                 exp = export.export(jitted, platforms=(vs.platform,))(*avals)
             blob = bytes(exp.serialize())
@@ -460,7 +499,7 @@ class RemoteFunction:
         # The name is part of the identity: the event log names what ran by its program.
         key = repr((donate, in_wire, self.name)).encode()
         return Program(
-            pid=program_id(blob, key),
+            pid=program_id(blob, key, self.compiler_options),
             name=self.name,
             blob=blob,
             key=key,
@@ -473,6 +512,7 @@ class RemoteFunction:
             in_specs=in_wire,
             weak_outputs=tuple(i for i, a in enumerate(exp.out_avals) if a.weak_type),
             float0_outputs=float0_holder[-1],
+            compiler_options=self.compiler_options,
         )
 
 
@@ -553,12 +593,21 @@ def jit(
     donate_argnames: str | Sequence[str] | None = None,
     slice: VirtualSlice | None = None,
     name: str | None = None,
+    keep_unused: bool = False,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
+    device: Any = None,
+    backend: Any = None,
+    abstracted_axes: Any = None,
 ) -> Any:
     """Like ``jax.jit``, but the program runs on a virtual slice and returns RemoteArrays.
 
     Shardings are PartitionSpecs over the slice's mesh axes. The function runs on the
     slice its RemoteArray arguments live on, on ``slice=`` when given, or on the default
-    slice (``with vs:`` or ``client.default_slice``).
+    slice (``with vs:`` or ``client.default_slice``). ``keep_unused``, ``inline`` and
+    ``compiler_options`` are jax.jit's (the hosts compile with the options); ``device``,
+    ``backend`` and ``abstracted_axes`` are refused: a slice places the program, and an
+    exported program has fixed shapes.
 
     >>> @pw.jit
     ... def f(w, x):
@@ -574,6 +623,12 @@ def jit(
         donate_argnames=donate_argnames,
         slice=slice,
         name=name,
+        keep_unused=keep_unused,
+        inline=inline,
+        compiler_options=compiler_options,
+        device=device,
+        backend=backend,
+        abstracted_axes=abstracted_axes,
     )
     if fun is None:
         return lambda f: RemoteFunction(f, **kw)

@@ -273,18 +273,18 @@ class ProgramCalls:
 
     def _register(self, prog: Program, vs: VirtualSlice) -> None:
         if prog.pid not in self._programs_sent:
-            self._io.send(
-                {
-                    "t": "program",
-                    "pid": prog.pid,
-                    "key": prog.key,
-                    "name": prog.name,
-                    "nin": prog.nin,
-                    "nout": len(prog.out_avals),
-                    "in_specs": prog.in_specs,
-                },
-                [prog.blob],
-            )
+            header = {
+                "t": "program",
+                "pid": prog.pid,
+                "key": prog.key,
+                "name": prog.name,
+                "nin": prog.nin,
+                "nout": len(prog.out_avals),
+                "in_specs": prog.in_specs,
+            }
+            if prog.compiler_options:
+                header["options"] = prog.compiler_options
+            self._io.send(header, [prog.blob])
             self._programs_sent.add(prog.pid)
         if any(s is None for s in prog.out_specs):
             # The compiler picks these layouts; ask the host once, as jax.jit's first call

@@ -15,6 +15,8 @@ class Program:
     nin: int
     nout: int
     in_specs: list[Any] = dataclasses.field(default_factory=list)
+    # XLA options the hosts compile it with (jax.jit's compiler_options).
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -421,18 +421,17 @@ class Controller(ClientRequests, HostMessages):
         have = self._host_programs.setdefault(host, set())
         if pid not in have:
             p = self._programs[pid]
-            if self._send_host(
-                host,
-                {
-                    "t": "program",
-                    "pid": pid,
-                    "name": p.name,
-                    "nin": p.nin,
-                    "nout": p.nout,
-                    "in_specs": p.in_specs,
-                },
-                [p.blob],
-            ):
+            header = {
+                "t": "program",
+                "pid": pid,
+                "name": p.name,
+                "nin": p.nin,
+                "nout": p.nout,
+                "in_specs": p.in_specs,
+            }
+            if p.options:
+                header["options"] = p.options
+            if self._send_host(host, header, [p.blob]):
                 have.add(pid)
 
     def _flush(self) -> None:

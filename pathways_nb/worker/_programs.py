@@ -31,6 +31,8 @@ class Program:
     # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
     out_nbytes: list[int] = dataclasses.field(default_factory=list)
     total_nbytes: int = 0
+    # XLA options to compile it with (jax.jit's compiler_options), from the client.
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.out_nbytes = [
@@ -77,7 +79,14 @@ class Programs:
         prog = self._programs.get(pid)
         return prog.name if prog is not None else pid
 
-    def add(self, pid: str, name: str, blob: bytes, in_specs: Sequence[Any] = ()) -> None:
+    def add(
+        self,
+        pid: str,
+        name: str,
+        blob: bytes,
+        in_specs: Sequence[Any] = (),
+        options: dict[str, Any] | None = None,
+    ) -> None:
         """Deserialize a program sent by the controller (once per id)."""
         if pid in self._programs:
             return
@@ -100,7 +109,7 @@ class Programs:
                 kind="invalid",
             )
             return
-        self._programs[pid] = Program(name, exp, in_specs=list(in_specs))
+        self._programs[pid] = Program(name, exp, in_specs=list(in_specs), options=options or {})
 
     def forget(self, pids: set[str]) -> None:
         """Drop these programs and every executable compiled from them."""
@@ -157,7 +166,7 @@ class Programs:
                 jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
                 for a, s in zip(exp.in_avals, in_sh, strict=True)
             ]
-            fn = fn.lower(*avals).compile()
+            fn = fn.lower(*avals).compile(prog.options or None)
             self.compiles += 1
             if self.after_compile is not None:
                 self.after_compile()

@@ -348,7 +348,7 @@ class Host:
             log.warning("controller says: %s", h["message"])
         elif kind == "program":
             if len(msg.buffers) == 1:
-                specs = h.get("in_specs")
+                specs, options = h.get("in_specs"), h.get("options")
                 self.executor.submit(
                     "program",
                     (
@@ -356,6 +356,7 @@ class Host:
                         h["name"],
                         bytes(msg.buffers[0]),
                         specs if isinstance(specs, list) else [],
+                        options if isinstance(options, dict) else {},
                     ),
                 )
         elif kind == "run":
