@@ -1,8 +1,9 @@
 """The client: a notebook's session, virtual slices, remote arrays and ``pw.jit``."""
 
+from pathways_nb.client._export import TraceError
 from pathways_nb.client._futures import Future
 from pathways_nb.client._graph import DataflowGraph, GraphArray
-from pathways_nb.client._jit import RemoteFunction, TraceError, jit
+from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._pipeline import Pipeline, pipeline
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._session import Client, block_until_ready, fetch, graph

@@ -2,86 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import jax
 import numpy as np
-from jax import export
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import PathwaysError, encode_spec, program_id
 from pathways_nb._core import compiler_options as compiler_options_checked
 from pathways_nb.client._aot import Traced
 from pathways_nb.client._argnums import argnums_and_names
+from pathways_nb.client._export import (
+    Program,
+    _aval_text,
+    _broadcast_specs,
+    _is_spec_leaf,
+    _spec_of,
+    export_program,
+)
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
-
-# The signature of the flat function a program is traced from: its leaves, positionally.
-_LEAVES = inspect.Signature([inspect.Parameter("leaves", inspect.Parameter.VAR_POSITIONAL)])
-
-
-class TraceError(PathwaysError, ValueError):
-    """The function cannot become a pathways program (for example a host callback)."""
-
-
-@dataclasses.dataclass
-class Program:
-    """A traced, exported program for one signature on one mesh shape."""
-
-    pid: str
-    name: str
-    blob: bytes
-    key: bytes  # with the blob, what the pid is the digest of (see program_id)
-    nin: int
-    out_tree: Any
-    out_avals: list[Any]
-    out_specs: list[PartitionSpec | None]
-    donate: tuple[int, ...]
-    platform: str
-    # Encoded PartitionSpec of each input: hosts need them for inputs the exported
-    # program leaves unconstrained (it does not use them).
-    in_specs: list[Any] = dataclasses.field(default_factory=list)
-    # Filled on first launch: the NamedShardings of the outputs, reused by every launch.
-    out_shardings: list[NamedSharding] | None = None
-    # The outputs JAX types weakly (``int_array * 0.5``), as jax.jit's results are.
-    weak_outputs: tuple[int, ...] = ()
-    # float0 leaves of the output (the gradient of an integer input), by position among
-    # all of them, with their shapes: they carry no values, so the exported program
-    # leaves them out and the client puts NumPy float0 arrays in their places, as
-    # jax.jit returns them.
-    float0_outputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
-    # XLA options its hosts compile it with (jax.jit's compiler_options).
-    compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def single_output(self) -> bool:
-        return self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1
-
-    def unflatten(self, exported: list[Any]) -> Any:
-        """The function's output from the exported program's outputs."""
-        full = list(exported)
-        for i, shape in self.float0_outputs:
-            full.insert(i, np.zeros(shape, jax.dtypes.float0))
-        if self.single_output:
-            return full[0]
-        return jax.tree.unflatten(self.out_tree, full)
-
-
-def _spec_of(sharding: Any) -> PartitionSpec | None:
-    if sharding is None:
-        return None
-    if isinstance(sharding, PartitionSpec):
-        return sharding
-    if isinstance(sharding, NamedSharding):
-        return sharding.spec
-    raise TypeError(
-        f"shardings for pw.jit are PartitionSpecs over the slice's mesh axes (or None); "
-        f"got {type(sharding).__name__}"
-    )
 
 
 class RemoteFunction:
@@ -387,167 +329,7 @@ class RemoteFunction:
         donate: tuple[int, ...],
     ) -> Program:
         """Export the program for these abstract inputs on ``vs``'s mesh."""
-        am = vs.abstract_mesh
-        user_out = self.out_shardings
-        out_holder: list[Any] = []
-        float0_holder: list[tuple[tuple[int, tuple[int, ...]], ...]] = []
-        in_specs = self._leaf_specs(treedef)
-        for what, given in (("in_shardings", in_specs), ("out_shardings", [user_out])):
-            for spec in jax.tree.leaves(given, is_leaf=_is_spec_leaf):
-                if isinstance(spec, PartitionSpec):
-                    try:
-                        vs.check_axes(spec)
-                    except ValueError as exc:
-                        raise ValueError(f"{self.name}: {what}: {exc}") from None
-        for i, spec in enumerate(in_specs):
-            # jax.jit refuses an in_sharding that does not split its argument evenly; the
-            # resharding below would pad it instead, so refuse it here as JAX does.
-            if isinstance(spec, PartitionSpec) and avals[i].ndim:
-                try:
-                    vs.check_spec(spec, avals[i].shape)
-                except ValueError as exc:
-                    raise ValueError(
-                        f"{self.name}: in_shardings for input {i} ({_aval_text(avals[i])}): "
-                        f"{exc}; pad the array to a multiple, or shard another dimension"
-                    ) from None
-
-        def flat(*leaves: Any) -> list[Any]:
-            xs = list(leaves)
-            for i, spec in enumerate(in_specs):
-                # A RemoteArray keeps its own layout on the wire; a different requested
-                # in_sharding becomes a resharding inside the program (jax.jit refuses a
-                # committed argument laid out otherwise; here arrays from other slices
-                # arrive resharded, and one on the slice itself is treated alike).
-                if spec is not None and xs[i].ndim and spec != avals[i].sharding.spec:
-                    xs[i] = jax.lax.with_sharding_constraint(xs[i], NamedSharding(am, spec))
-            # The slice's mesh is the context mesh while the function traces, as under
-            # jax.set_mesh: bare PartitionSpecs work in with_sharding_constraint,
-            # shard_map and reshard inside it.
-            with jax.sharding.use_abstract_mesh(am):
-                out = self._apply(jax.tree.unflatten(treedef, xs), static)
-            flat_out, out_tree = jax.tree.flatten(out)
-            out_holder.append(out_tree)
-            zeros = tuple((i, tuple(x.shape)) for i, x in enumerate(flat_out) if _is_float0(x))
-            float0_holder.append(zeros)
-            return [x for x in flat_out if not _is_float0(x)] if zeros else flat_out
-
-        # JAX's trace errors name the user's function and its source line, not this
-        # wrapper's; its arguments keep this wrapper's signature, the flat leaves.
-        flat.__wrapped__ = self.fun  # type: ignore[attr-defined]
-        flat.__signature__ = _LEAVES  # type: ignore[attr-defined]
-
-        in_sh = [a.sharding for a in avals]
-        try:
-            out_sh: Any = None
-            if user_out is not None:
-                jax.eval_shape(flat, *avals)  # learn the output tree
-                wanted = _broadcast_specs(user_out, out_holder[-1])
-                dropped = {i for i, _ in float0_holder[-1]}
-                wanted = [s for i, s in enumerate(wanted) if i not in dropped]
-                if any(s is not None for s in wanted):
-                    out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
-            jitted = jax.jit(
-                flat,
-                in_shardings=in_sh,
-                out_shardings=out_sh,
-                donate_argnums=donate,
-                keep_unused=self.keep_unused,
-            )
-            exp = export.export(jitted, platforms=(vs.platform,))(*avals)
-            if exp.nr_devices != vs.size and out_sh is None:
-                # Nothing ties the program to the slice's devices (it ignores its inputs
-                # and leaves its outputs' layout free), so it was exported for one device:
-                # make its outputs replicated over the slice instead.
-                jax.eval_shape(flat, *avals)
-                kept = out_holder[-1].num_leaves - len(float0_holder[-1])
-                out_sh = [NamedSharding(am, PartitionSpec())] * kept
-                jitted = jax.jit(
-                    flat,
-                    in_shardings=in_sh,
-                    out_shardings=out_sh,
-                    donate_argnums=donate,
-                    keep_unused=self.keep_unused,
-                )
-                exp = export.export(jitted, platforms=(vs.platform,))(*avals)
-            blob = bytes(exp.serialize())
-        except NotImplementedError as exc:
-            if "host_callback" in str(exc):
-                raise TraceError(_CALLBACK.format(name=self.name)) from None
-            raise
-        except ValueError as exc:
-            # What JAX says of a callback lowered for an abstract mesh (pure_callback,
-            # io_callback): it would need this process's devices.
-            if "require devices to be present during lowering" in str(exc):
-                raise TraceError(_CALLBACK.format(name=self.name) + f" (JAX: {exc})") from None
-            exc.add_note(self._tracing_note(vs, avals))
-            raise
-        except Exception as exc:
-            # JAX's own error, kept as it is, with which program and inputs it came from
-            # (in a pipeline, which stage).
-            exc.add_note(self._tracing_note(vs, avals))
-            raise
-        out_specs: list[PartitionSpec | None] = []
-        known = exp.out_shardings_jax(am)
-        for aval, s in zip(exp.out_avals, known, strict=True):
-            if isinstance(s, NamedSharding):
-                out_specs.append(s.spec)
-            elif aval.ndim == 0:
-                out_specs.append(PartitionSpec())
-            else:
-                out_specs.append(None)
-        in_wire = [encode_spec(a.sharding.spec) for a in avals]
-        # The name is part of the identity: the event log names what ran by its program.
-        key = repr((donate, in_wire, self.name)).encode()
-        return Program(
-            pid=program_id(blob, key, self.compiler_options),
-            name=self.name,
-            blob=blob,
-            key=key,
-            nin=len(avals),
-            out_tree=out_holder[-1],
-            out_avals=list(exp.out_avals),
-            out_specs=out_specs,
-            donate=donate,
-            platform=vs.platform,
-            in_specs=in_wire,
-            weak_outputs=tuple(i for i, a in enumerate(exp.out_avals) if a.weak_type),
-            float0_outputs=float0_holder[-1],
-            compiler_options=self.compiler_options,
-        )
-
-
-_CALLBACK = (
-    "{name} uses a host callback (jax.debug.print, jax.pure_callback, io_callback, ...). "
-    "Programs run on remote hosts as jax.export artifacts, which cannot carry callbacks: "
-    "remove the callback, or return the value and print it after fetching."
-)
-
-
-def _is_float0(x: Any) -> bool:
-    # What is not an array at all is left for JAX to name.
-    return getattr(x, "dtype", None) == jax.dtypes.float0
-
-
-def _broadcast_specs(prefix: Any, out_tree: Any) -> list[PartitionSpec | None]:
-    """One PartitionSpec per output leaf from ``out_shardings`` given as a tree prefix;
-    None where it says None, which leaves that output's layout to the compiler, as in
-    ``jax.jit``."""
-    specs, prefix_def = jax.tree.flatten(prefix, is_leaf=_is_spec_leaf)
-    full = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
-    try:
-        subtrees = cast(Any, prefix_def).flatten_up_to(full)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(
-            f"out_shardings {prefix!r} does not match the structure of the outputs: {exc}"
-        ) from None
-    out: list[PartitionSpec | None] = []
-    for spec, sub in zip(specs, subtrees, strict=True):
-        out.extend([_spec_of(spec)] * len(jax.tree.leaves(sub)))
-    return out
-
-
-def _aval_text(a: jax.ShapeDtypeStruct) -> str:
-    return f"{getattr(a.dtype, 'name', a.dtype)}{list(a.shape)}"
+        return export_program(self, vs, treedef, avals, static, donate)
 
 
 def _mesh_of(leaves: Sequence[Any]) -> Any:
@@ -558,10 +340,6 @@ def _mesh_of(leaves: Sequence[Any]) -> Any:
         if mesh is not None and not getattr(mesh, "empty", True):
             return mesh
     return None
-
-
-def _is_spec_leaf(x: Any) -> bool:
-    return x is None or isinstance(x, PartitionSpec | NamedSharding)
 
 
 def _is_remote(x: Any) -> bool:

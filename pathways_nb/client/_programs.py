@@ -21,10 +21,11 @@ from pathways_nb._core import (
     encode_spec,
 )
 from pathways_nb.client import _graph
+from pathways_nb.client._export import Program
 from pathways_nb.client._indexing import Dynamic, fill_index, split_index, static_key
 from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._io import IOThread
-from pathways_nb.client._jit import Program, RemoteFunction, jit
+from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
 from pathways_nb.client._tracectx import trace_context
