@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
@@ -600,14 +601,71 @@ def test_eval_shape_and_lower_work_as_in_jax(client: pw.Client) -> None:
     text = lowered.as_text()
     assert "stablehlo" in text or "mhlo" in text
     assert lowered.out_info[1].shape == (3, 4)
-    with pytest.raises(TypeError, match="compiles on its slice's host"):
-        lowered.compile()
     # trace() as jax.jit's: the jaxpr and output shapes, and a lowering from it.
     traced = f.trace(x)
     want = jax.jit(lambda x: (x.sum(1), x.T)).trace(jnp.ones((4, 3), jnp.float32))
     assert str(traced.jaxpr) == str(want.jaxpr)
     assert [o.shape for o in traced.out_info] == [(4,), (3, 4)]
     assert traced.lower().as_text() == text
+
+
+def test_compile_runs_on_the_slices_host_and_reports_what_jax_reports(
+    cluster: pw.InProcessCluster, client: pw.Client
+) -> None:
+    """``f.lower(...).compile()`` compiles where the slice's devices are: its memory
+    analysis is what jax.jit's compile says of the same program on as many devices, and
+    the first call runs the executable it compiled."""
+    vs = client.allocate({"data": 2})
+    host = next(h for h in cluster.hosts if h.name == vs.host)
+
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    w = vs.put(np.ones((64, 64), np.float32), P())
+    x = vs.put(np.ones((128, 64), np.float32), P("data"))
+    f = pw.jit(layer, donate_argnums=1)
+    _, start = host.statistics()
+    compiled = f.lower(w, x).compile()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    want = (
+        jax.jit(layer, donate_argnums=1)
+        .lower(
+            jax.ShapeDtypeStruct((64, 64), np.float32, sharding=NamedSharding(mesh, P())),
+            jax.ShapeDtypeStruct((128, 64), np.float32, sharding=NamedSharding(mesh, P("data"))),
+        )
+        .compile()
+    )
+    got_mem, want_mem = compiled.memory_analysis(), want.memory_analysis()
+    for field in ("argument", "output", "alias", "temp"):
+        name = f"{field}_size_in_bytes"
+        assert getattr(got_mem, name) == getattr(want_mem, name), name
+    assert got_mem.alias_size_in_bytes == 128 * 64 * 4 // 2  # the donation, per device
+    with pytest.raises(AttributeError, match="reported no flops_in_bytes"):
+        _ = got_mem.flops_in_bytes
+    assert compiled.cost_analysis()["transcendentals"] == want.cost_analysis()["transcendentals"]
+    assert "input_output_alias" in compiled.as_text() and "tanh" in compiled.as_text()
+    assert compiled.output_shardings.spec == P("data")
+    _, before = host.statistics()
+    # One executable, with the donation: learning the output layouts compiled another.
+    assert before.compiles == start.compiles + 1
+    y = compiled(w, x)
+    np.testing.assert_allclose(y.fetch(), np.tanh(np.full((128, 64), 64.0, np.float32)))
+    assert x.is_deleted()
+    _, after = host.statistics()
+    assert after.compiles == before.compiles  # the call ran what compile() compiled
+    # Abstract arguments need no array on the slice, as for jax.jit's lower.
+    shaped = jax.ShapeDtypeStruct((256, 64), np.float32)
+    g = pw.jit(lambda w, x: x @ w, slice=vs, in_shardings=(P(), P("data")))
+    assert g.lower(w, shaped).compile().memory_analysis().argument_size_in_bytes == (
+        64 * 64 * 4 + 256 * 64 * 4 // 2
+    )
+    # Options given to compile() are the host compiler's, as in jax.jit's.
+    z = vs.put(np.ones((128, 64), np.float32), P("data"))
+    with pytest.raises(pw.RemoteError, match="No such compile option: 'xla_no_such'"):
+        f.lower(w, z).compile({"xla_no_such": 1})
+    fast = f.lower(w, z).compile({"xla_cpu_enable_fast_math": True})
+    assert fast(w, z).shape == (128, 64)
+    vs.release()
 
 
 def test_many_dependent_calls_are_submitted_without_waiting(client: pw.Client) -> None:

@@ -3,6 +3,7 @@ as JAX's own, for the slice's abstract mesh."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pathways_nb.client._interrupts import interrupts_held
@@ -31,27 +32,33 @@ class Traced(_Stage):
 
     _stage = "traced"
 
-    def __init__(self, name: str, traced: Any, platform: str) -> None:
+    def __init__(
+        self, name: str, traced: Any, platform: str, compile_on_slice: Callable[[Any], Any]
+    ) -> None:
         super().__init__(name, traced)
         self._platform = platform
+        self._compile_on_slice = compile_on_slice
 
     def lower(self) -> Lowered:
         with interrupts_held():
             lowered = self._inner.lower(lowering_platforms=(self._platform,))
-        return Lowered(self._name, lowered)
+        return Lowered(self._name, lowered, self._compile_on_slice)
 
 
 class Lowered(_Stage):
     """What ``jax.jit(...).lower`` gives (``as_text()``, ``compiler_ir()``,
-    ``cost_analysis()``, ...), lowered for the slice's abstract mesh. It is compiled
-    on the slice's host, once per device assignment, at the first call: the client
-    has no devices to compile for."""
+    ``cost_analysis()``, ...), lowered for the slice's abstract mesh. :meth:`compile`
+    compiles it on the slice's host: the client has no devices to compile for."""
 
     _stage = "lowered"
 
-    def compile(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            f"{self._name} compiles on its slice's host, not in the client (which has no "
-            "devices for the slice's mesh): call the function to run it there, or read "
-            "this lowering with as_text(), compiler_ir() or cost_analysis()"
-        )
+    def __init__(self, name: str, lowered: Any, compile_on_slice: Callable[[Any], Any]) -> None:
+        super().__init__(name, lowered)
+        self._compile_on_slice = compile_on_slice
+
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> Any:
+        """Compile on the slice's host, as the first call would (with these XLA options
+        added to the function's): a ``Compiled`` whose ``memory_analysis()``,
+        ``cost_analysis()`` and ``as_text()`` are the host compiler's; calling it runs
+        the function there."""
+        return self._compile_on_slice(compiler_options)

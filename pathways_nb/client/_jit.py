@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from pathways_nb._core import compiler_options as compiler_options_checked
 from pathways_nb.client._aot import Traced
 from pathways_nb.client._argnums import argnums_and_names
+from pathways_nb.client._compiled import compile_on_host
 from pathways_nb.client._export import (
     Program,
     _aval_text,
@@ -180,11 +181,30 @@ class RemoteFunction:
         remote = next((x for x in leaves if _is_remote(x)), None)
         vs = self.slice or (remote.slice if remote is not None else None)
         platform = vs.platform if vs is not None else jax.default_backend()
-        return Traced(self.name, fn.trace(*avals), platform)
+        compile_on_slice = functools.partial(compile_on_host, self, args, kwargs)
+        return Traced(self.name, fn.trace(*avals), platform, compile_on_slice)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """``jax.jit(...).lower`` for the slice's abstract mesh (no devices needed)."""
+        """``jax.jit(...).lower`` for the slice's abstract mesh (no devices needed);
+        ``.compile()`` compiles it on the slice's host."""
         return self.trace(*args, **kwargs).lower()
+
+    def _with_options(self, options: Any) -> RemoteFunction:
+        """This function compiled with more XLA options (``Lowered.compile(options)``)."""
+        return RemoteFunction(
+            self.fun,
+            in_shardings=self.in_shardings,
+            out_shardings=self.out_shardings,
+            static_argnums=self.static_argnums,
+            static_argnames=self.static_argnames,
+            donate_argnums=self.donate_argnums,
+            donate_argnames=self.donate_argnames,
+            slice=self.slice,
+            name=self.name,
+            keep_unused=self.keep_unused,
+            inline=self.inline,
+            compiler_options={**self.compiler_options, **compiler_options_checked(options)},
+        )
 
     # helpers used by the client ------------------------------------------------------
     def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -102,14 +102,7 @@ class ProgramCalls:
         donate = tuple(sorted(f._donated_leaves(args, kwargs))) if f.donates else ()
         if donate:
             _check_donation(f.name, arrays, donate)
-        key = (
-            treedef,
-            tuple([a._sig for a in arrays]),
-            static,
-            vs.signature,
-            donate,
-            trace_context(),
-        )
+        key = program_key(treedef, tuple([a._sig for a in arrays]), static, vs, donate)
         prog = f._programs.get(key)
         if prog is None:
             avals = [
@@ -290,7 +283,9 @@ class ProgramCalls:
         if any(s is None for s in prog.out_specs):
             # The compiler picks these layouts; ask the host once, as jax.jit's first call
             # compiles before it returns.
-            h = self._ask({"t": "probe", "slice": vs.id, "pid": prog.pid}, timeout=None)
+            # Compiled with the launches' donations: the executable they will run.
+            probe = {"t": "probe", "slice": vs.id, "pid": prog.pid, "donate": list(prog.donate)}
+            h = self._ask(probe, timeout=None)
             prog.out_specs = [
                 decode_spec(s) if s is not None else PartitionSpec() for s in h["out_specs"]
             ]
@@ -468,6 +463,15 @@ class ProgramCalls:
         where = f"at[{key}]." if at is not None else ""
         call = "" if name in _PROPERTIES else f"({','.join(shown)})"
         return self._op(f"{where}{name}{call}", fn, x, *arrays)
+
+
+def program_key(
+    treedef: Any, sigs: tuple[Any, ...], static: Any, vs: VirtualSlice, donate: tuple[int, ...]
+) -> tuple[Any, ...]:
+    """What a pw.jit function's program cache keys on: the inputs' tree and signatures
+    (shape, dtype, spec, weak type), static arguments, slice shape, donations, and the
+    JAX settings the trace depends on."""
+    return (treedef, sigs, static, vs.signature, donate, trace_context())
 
 
 def _moved_spec(x: RemoteArray, vs: VirtualSlice, spec: PartitionSpec | None) -> PartitionSpec:

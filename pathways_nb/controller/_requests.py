@@ -383,8 +383,17 @@ class ClientRequests:
 
     def _c_probe(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         s = self.rm.active(h["slice"], t.tenant)
-        if h["pid"] not in self._programs:
+        prog = self._programs.get(h["pid"])
+        if prog is None:
             raise ProtocolError(f"program {h['pid']} was never sent to the controller")
+        donate = h.get("donate", [])
+        if not isinstance(donate, list) or not all(
+            type(i) is int and 0 <= i < prog.nin for i in donate
+        ):
+            raise ProtocolError(
+                f"a probe's donate lists input positions of {prog.name} (0..{prog.nin - 1}); "
+                f"got {donate!r}"
+            )
         self._ensure_program(s.host, h["pid"])
         self._next_rid += 1
         rid = self._next_rid
@@ -397,6 +406,8 @@ class ClientRequests:
                 "pid": h["pid"],
                 "devices": s.devices,
                 "mesh": [[k, v] for k, v in s.mesh.items()],
+                "donate": donate,
+                "analysis": bool(h.get("analysis")),
             },
         )
         # Sending the program or the probe can find the host's connection gone, which

@@ -186,17 +186,42 @@ class Programs:
 
     def probe_reply(self, h: dict[str, Any]) -> dict[str, Any]:
         """The answer to a ``host_probe``: the layouts the compiler chose for the
-        program's outputs on these devices, or why it could not compile."""
+        program's outputs on these devices, or why it could not compile. With
+        ``analysis``, what ``jax.stages.Compiled`` tells of the executable as well (its
+        memory, cost and optimized HLO), compiled with the donations its launches use."""
         try:
-            fn = self.executable(h["pid"], self.mesh(h["devices"], h["mesh"]), ())
+            donate = tuple(int(i) for i in h.get("donate") or ())
+            fn = self.executable(h["pid"], self.mesh(h["devices"], h["mesh"]), donate)
             specs = [
                 encode_spec(s.spec) if isinstance(s, NamedSharding) else None
                 for s in fn.output_shardings
             ]
-            return {"t": "host_reply", "rid": h["rid"], "out_specs": specs}
+            reply = {"t": "host_reply", "rid": h["rid"], "out_specs": specs}
+            if h.get("analysis"):
+                reply |= _analysis(fn)
+            return reply
         except Exception as exc:
             err = to_remote(exc, "compile", program=self.name(h["pid"]), slice="", host=self.host)
             return {"t": "host_reply", "rid": h["rid"], "error": err.to_dict()}
+
+
+def _analysis(fn: Any) -> dict[str, Any]:
+    """What a client's ``Lowered.compile()`` reads: memory statistics (bytes), the cost
+    analysis and the optimized HLO, in plain types."""
+    mem = fn.memory_analysis()
+    memory = (
+        {a: int(getattr(mem, a)) for a in dir(mem) if a.endswith("_in_bytes")}
+        if mem is not None
+        else None
+    )
+    cost = fn.cost_analysis()
+    if isinstance(cost, list | tuple):  # one dict per device program in older JAX
+        cost = cost[0] if cost else {}
+    return {
+        "memory": memory,
+        "cost": {str(k): float(v) for k, v in (cost or {}).items()},
+        "hlo": fn.as_text() or "",
+    }
 
 
 def run_key(h: dict[str, Any]) -> tuple[Any, ...]:
