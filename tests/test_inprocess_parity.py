@@ -214,3 +214,39 @@ def test_typed_keys_count_their_bytes_as_jax_does(vs: pw.VirtualSlice) -> None:
     keys = jax.random.split(jax.random.key(0), 3)
     put = vs.put(keys)
     assert (put.nbytes, put.itemsize) == (keys.nbytes, keys.dtype.itemsize) == (24, 8)
+
+
+def test_a_slice_with_explicit_axes_traces_shardings_in_types_as_jax_does(
+    client: pw.Client,
+) -> None:
+    """As under ``jax.make_mesh``'s default axis types: shardings are part of the types
+    the function sees, and the results match plain JAX on a mesh of the same types."""
+    vs = client.allocate({"data": 2}, axis_types="explicit")
+    auto = client.allocate({"data": 2})
+    assert "axis_types=['explicit']" in repr(vs)
+    seen: list[str] = []
+
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        seen.append(str(jax.typeof(a @ b)))
+        return jax.sharding.reshard(a @ b, P())
+
+    a = np.arange(8, dtype=np.float32).reshape(4, 2)
+    b = np.ones((2, 3), np.float32)
+    got = pw.jit(f)(vs.put(a, P("data")), vs.put(b, P()))
+    mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+    assert mesh.axis_types == (jax.sharding.AxisType.Explicit,)
+    with jax.set_mesh(mesh):
+        want = jax.jit(f)(jax.device_put(a, P("data")), jax.device_put(b, P()))
+    assert seen == ["float32[4@data,3]", "float32[4@data,3]"]
+    np.testing.assert_array_equal(got.fetch(), np.asarray(want))
+    assert got.sharding.mesh.axis_types == mesh.axis_types and got.spec == P()
+    # Arrays move between slices of either kind, and programs take them.
+    moved = pw.jit(lambda x: x * 2, slice=auto)(got)
+    back = pw.jit(lambda x: x + 1, slice=vs)(moved)
+    np.testing.assert_array_equal(back.fetch(), np.asarray(want) * 2 + 1)
+    with pytest.raises(ValueError, match=r"one type per mesh axis \(1: \['data'\]\)"):
+        client.allocate({"data": 2}, axis_types=("explicit", "auto"))
+    with pytest.raises(ValueError, match="or their names: 'auto', 'explicit', 'manual'"):
+        client.allocate({"data": 2}, axis_types="sideways")
+    vs.release()
+    auto.release()

@@ -150,7 +150,9 @@ def test_a_request_with_a_bad_field_hears_why_at_once(cluster: pw.InProcessClust
     sock.close(0)
 
 
-def test_a_programs_compiler_options_are_bound_to_its_id(cluster: pw.InProcessCluster) -> None:
+def test_a_programs_compiler_options_and_axis_types_are_bound_to_its_id(
+    cluster: pw.InProcessCluster,
+) -> None:
     """Options another client did not send cannot be slipped under its program's id, and
     options of the wrong types are refused with the reason."""
     from pathways_nb._core import program_id
@@ -166,6 +168,12 @@ def test_a_programs_compiler_options_are_bound_to_its_id(cluster: pw.InProcessCl
     ]
     for options, pid, why in cases:
         sock.send_multipart([msgpack.packb({**header, "pid": pid, "options": options}), blob])
+        reply = msgpack.unpackb(sock.recv_multipart()[0])
+        assert reply["t"] == "error" and why in reply["message"], reply
+    # The mesh axis types it compiles for are bound alike.
+    for types, why in ((["Explicit"], "the id is not the digest"), (["Sideways"], "axis types")):
+        msg = {**header, "pid": program_id(blob, key), "axis_types": types}
+        sock.send_multipart([msgpack.packb(msg), blob])
         reply = msgpack.unpackb(sock.recv_multipart()[0])
         assert reply["t"] == "error" and why in reply["message"], reply
     assert program_id(blob, key, {"xla_fast": True}) != program_id(blob, key)

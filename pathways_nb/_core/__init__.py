@@ -22,7 +22,9 @@ from pathways_nb._core._errors import (
     VersionMismatchError,
 )
 from pathways_nb._core._ids import (
+    AXIS_TYPES,
     HandleAllocator,
+    axis_type_names,
     compiler_options,
     describe_foreign,
     donated_twice,
@@ -51,6 +53,7 @@ from pathways_nb._core._specs import (
 from pathways_nb._core._versions import Versions, local_versions
 
 __all__ = [
+    "AXIS_TYPES",
     "CHECK_FROM",
     "CHECK_INFS",
     "CHECK_NANS",
@@ -70,6 +73,7 @@ __all__ = [
     "VersionMismatchError",
     "Versions",
     "as_bytes",
+    "axis_type_names",
     "check_fits",
     "compiler_options",
     "decode_dtype",

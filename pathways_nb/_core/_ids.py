@@ -22,15 +22,35 @@ def handle_owner(handle: int) -> int:
     return handle >> TENANT_SHIFT
 
 
-def program_id(blob: bytes, key: bytes, options: Mapping[str, Any] | None = None) -> str:
+def program_id(
+    blob: bytes,
+    key: bytes,
+    options: Mapping[str, Any] | None = None,
+    axis_types: Sequence[str] = (),
+) -> str:
     """A program's id: the digest of its ``jax.export`` bytes, ``key`` (what else tells
-    two programs of the same bytes apart) and the compiler options its hosts compile it
-    with. The controller checks it against what a program message carries, so an id
-    names those alone: no client can send other bytes or options under the id of a
-    program another client runs."""
+    two programs of the same bytes apart), and the compiler options and mesh axis types
+    its hosts compile it with. The controller checks it against what a program message
+    carries, so an id names those alone: no client can send other bytes, options or
+    axis types under the id of a program another client runs."""
     if options:
         key += b"\0options" + json.dumps(dict(options), sort_keys=True).encode()
+    if axis_types:
+        key += b"\0axis_types" + json.dumps(list(axis_types)).encode()
     return hashlib.sha256(blob + key).hexdigest()[:24]
+
+
+# The names of jax.sharding.AxisType's members, as programs carry them on the wire.
+AXIS_TYPES = ("Auto", "Explicit", "Manual")
+
+
+def axis_type_names(value: Any) -> list[str]:
+    """A program message's ``axis_types``: a list of AxisType names; TypeError otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(v in AXIS_TYPES for v in value):
+        raise TypeError(f"axis_types lists mesh axis types among {AXIS_TYPES}; got {value!r}")
+    return list(value)
 
 
 # What an XLA compiler option's value may be (as jax.jit's compiler_options takes them).

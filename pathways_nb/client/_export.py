@@ -54,6 +54,9 @@ class Program:
     float0_outputs: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # XLA options its hosts compile it with (jax.jit's compiler_options).
     compiler_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The mesh axes' types it was traced with, by name, where any is not Auto: hosts
+    # compile it for a mesh of the same types.
+    axis_types: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def single_output(self) -> bool:
@@ -187,10 +190,12 @@ def export_program(
         else:
             out_specs.append(None)
     in_wire = [encode_spec(a.sharding.spec) for a in avals]
+    types = [t.name for t in am.axis_types]
+    axis_types = types if any(t != "Auto" for t in types) else []
     # The name is part of the identity: the event log names what ran by its program.
     key = repr((donate, in_wire, self.name)).encode()
     return Program(
-        pid=program_id(blob, key, self.compiler_options),
+        pid=program_id(blob, key, self.compiler_options, axis_types),
         name=self.name,
         blob=blob,
         key=key,
@@ -204,6 +209,7 @@ def export_program(
         weak_outputs=tuple(i for i, a in enumerate(exp.out_avals) if a.weak_type),
         float0_outputs=float0_holder[-1],
         compiler_options=self.compiler_options,
+        axis_types=axis_types,
     )
 
 

@@ -278,6 +278,8 @@ class ProgramCalls:
             }
             if prog.compiler_options:
                 header["options"] = prog.compiler_options
+            if prog.axis_types:
+                header["axis_types"] = prog.axis_types
             self._io.send(header, [prog.blob])
             self._programs_sent.add(prog.pid)
         if any(s is None for s in prog.out_specs):

@@ -39,7 +39,7 @@ from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
 from pathways_nb.client._prefetch import Prefetcher
 from pathways_nb.client._remote import RemoteArray
-from pathways_nb.client._slice import VirtualSlice
+from pathways_nb.client._slice import VirtualSlice, axis_types_for
 from pathways_nb.client._status import EventRows, Status, epoch_seconds, events_frame
 
 # Every client of this process that has not been closed: an allocation refused for want
@@ -262,9 +262,16 @@ class Client(ArrayIO):
         return h
 
     # slices ---------------------------------------------------------------------------
-    def allocate(self, mesh: dict[str, int], name: str | None = None) -> VirtualSlice:
-        """A virtual slice of shape ``mesh`` (e.g. ``{"data": 4}``) on one island."""
+    def allocate(
+        self, mesh: dict[str, int], name: str | None = None, axis_types: Any = None
+    ) -> VirtualSlice:
+        """A virtual slice of shape ``mesh`` (e.g. ``{"data": 4}``) on one island.
+
+        ``axis_types`` are ``jax.make_mesh``'s: None leaves every axis Auto (the
+        compiler propagates shardings); ``AxisType.Explicit`` (or ``"explicit"``), for
+        all axes or one per axis, makes shardings part of the types while tracing."""
         shape = validate_mesh_shape(mesh)
+        types = axis_types_for(axis_types, list(shape))
         if name is not None and not isinstance(name, str):
             raise TypeError(f"a slice's name is a string (or None); got {type(name).__name__}")
         try:
@@ -296,6 +303,7 @@ class Client(ArrayIO):
             h["data_address"],
             h["platform"],
             h.get("bounded") is True,
+            types,
         )
         self._hello_host(vs.data_address)
         self._slices[vs.id] = vs

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pathways_nb._core import ClosedError, DataLossError, entry_axes
 
 if TYPE_CHECKING:
-    from jax.sharding import AbstractMesh, PartitionSpec
+    from jax.sharding import PartitionSpec
 
     from pathways_nb.client._session import Client
 
@@ -40,6 +40,37 @@ class VirtualDevice:
         )
 
 
+def axis_types_for(axis_types: Any, names: Sequence[str]) -> tuple[Any, ...]:
+    """``allocate``'s ``axis_types`` as one ``jax.sharding.AxisType`` per mesh axis, as
+    ``jax.make_mesh`` takes them: None (Auto for every axis), one type for every axis,
+    or one per axis; a type may be given by name ("explicit")."""
+    from jax.sharding import AxisType
+
+    if axis_types is None:
+        return ()
+
+    def one(t: Any) -> Any:
+        if isinstance(t, AxisType):
+            return t
+        if isinstance(t, str):
+            for member in AxisType:
+                if member.name.lower() == t.lower():
+                    return member
+        known = ", ".join(repr(m.name.lower()) for m in AxisType)
+        raise ValueError(
+            f"axis_types takes jax.sharding.AxisType values (or their names: {known}); got {t!r}"
+        )
+
+    if isinstance(axis_types, AxisType | str):
+        return tuple(one(axis_types) for _ in names)
+    if not isinstance(axis_types, list | tuple) or len(axis_types) != len(names):
+        raise ValueError(
+            f"axis_types gives one type per mesh axis ({len(names)}: {list(names)}), or one "
+            f"for all of them; got {axis_types!r}"
+        )
+    return tuple(one(t) for t in axis_types)
+
+
 class VirtualSlice:
     """A virtual slice: ``client.allocate({"data": 4})``.
 
@@ -65,7 +96,10 @@ class VirtualSlice:
         data_address: str,
         platform: str,
         bounded: bool = False,
+        axis_types: tuple[Any, ...] = (),
     ) -> None:
+        from jax.sharding import AbstractMesh
+
         self._client = client
         self.id = sid
         self.name = name
@@ -79,17 +113,18 @@ class VirtualSlice:
         # quota): launches then take the deletions queued before them along.
         self._bounded = bounded
         self.state = "active"
-        # What a traced program depends on: the mesh's shape and the platform.
-        self.signature = (tuple(mesh.items()), platform)
+        # As jax.make_mesh's: how JAX treats each axis while tracing (Auto unless asked).
+        self.abstract_mesh: AbstractMesh = AbstractMesh(
+            tuple(mesh.values()), tuple(mesh.keys()), axis_types=axis_types or None
+        )
+        # What a traced program depends on: the mesh's shape, its axis types, the platform.
+        self.signature = (tuple(mesh.items()), self.abstract_mesh.axis_types, platform)
         self._previous: list[VirtualSlice | None] = []
         # How many times the slice was remapped, and the host it was on at each count:
         # an array made before the last remap was lost with its host.
         self.epoch = 0
         self._hosts = [host]
         self._changed = threading.Condition()
-        from jax.sharding import AbstractMesh
-
-        self.abstract_mesh: AbstractMesh = AbstractMesh(tuple(mesh.values()), tuple(mesh.keys()))
 
     @property
     def size(self) -> int:
@@ -104,9 +139,11 @@ class VirtualSlice:
         ]
 
     def __repr__(self) -> str:
+        types = [t.name.lower() for t in self.abstract_mesh.axis_types]
+        shown = f", axis_types={types}" if any(t != "auto" for t in types) else ""
         return (
-            f"VirtualSlice({self.name!r}, mesh={self.mesh_shape}, island={self.island!r}, "
-            f"devices={self.devices}, {self.state})"
+            f"VirtualSlice({self.name!r}, mesh={self.mesh_shape}{shown}, "
+            f"island={self.island!r}, devices={self.devices}, {self.state})"
         )
 
     def wait_active(self, timeout: float | None = None) -> VirtualSlice:
@@ -147,7 +184,11 @@ class VirtualSlice:
             self.devices = [int(d) for d in info["devices"]]
             self.data_address = data_address
             self.platform = platform
-            self.signature = (tuple(self.mesh_shape.items()), platform)
+            self.signature = (
+                tuple(self.mesh_shape.items()),
+                self.abstract_mesh.axis_types,
+                platform,
+            )
             self.epoch += 1
             self._hosts.append(self.host)
             self.state = "active"

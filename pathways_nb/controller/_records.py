@@ -17,6 +17,8 @@ class Program:
     in_specs: list[Any] = dataclasses.field(default_factory=list)
     # XLA options the hosts compile it with (jax.jit's compiler_options).
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The mesh axis types it was traced with (AxisType names), where any is not Auto.
+    axis_types: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from pathways_nb._core import (
     ProtocolError,
     RemoteError,
     ResourceExhaustedError,
+    axis_type_names,
     compiler_options,
     decode_mesh,
     describe_foreign,
@@ -125,18 +126,22 @@ class ClientRequests:
         blob, key = bytes(bufs[0]), h.get("key")
         try:
             options = compiler_options(h.get("options"))
+            axis_types = axis_type_names(h.get("axis_types"))
         except TypeError as exc:
             raise ProtocolError(f"program {h['pid']!r} ({h['name']}): {exc}") from None
-        if type(key) is not bytes or program_id(blob, key, options) != h["pid"]:
+        if type(key) is not bytes or program_id(blob, key, options, axis_types) != h["pid"]:
             raise ProtocolError(
                 f"program {h['pid']!r} ({h['name']}): the id is not the digest of the bytes, "
-                "key and compiler options the message carries (pathways_nb._core.program_id)"
+                "key, compiler options and axis types the message carries "
+                "(pathways_nb._core.program_id)"
             )
         if h["pid"] not in self._programs:
             specs = h.get("in_specs")
             if not isinstance(specs, list) or len(specs) != h["nin"]:
                 specs = [[] for _ in range(h["nin"])]
-            self._programs[h["pid"]] = Program(h["name"], blob, h["nin"], h["nout"], specs, options)
+            self._programs[h["pid"]] = Program(
+                h["name"], blob, h["nin"], h["nout"], specs, options, axis_types
+            )
         self._program_users.setdefault(h["pid"], set()).add(t.tenant)
 
     def _c_put_note(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:

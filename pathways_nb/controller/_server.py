@@ -431,6 +431,8 @@ class Controller(ClientRequests, HostMessages):
             }
             if p.options:
                 header["options"] = p.options
+            if p.axis_types:
+                header["axis_types"] = p.axis_types
             if self._send_host(host, header, [p.blob]):
                 have.add(pid)
 

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import export
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, decode_spec, encode_spec
@@ -33,6 +33,8 @@ class Program:
     total_nbytes: int = 0
     # XLA options to compile it with (jax.jit's compiler_options), from the client.
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The mesh axis types it was traced with (AxisType names; none: all Auto).
+    axis_types: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.out_nbytes = [
@@ -86,6 +88,7 @@ class Programs:
         blob: bytes,
         in_specs: Sequence[Any] = (),
         options: dict[str, Any] | None = None,
+        axis_types: Sequence[str] = (),
     ) -> None:
         """Deserialize a program sent by the controller (once per id)."""
         if pid in self._programs:
@@ -109,7 +112,9 @@ class Programs:
                 kind="invalid",
             )
             return
-        self._programs[pid] = Program(name, exp, in_specs=list(in_specs), options=options or {})
+        self._programs[pid] = Program(
+            name, exp, in_specs=list(in_specs), options=options or {}, axis_types=list(axis_types)
+        )
 
     def forget(self, pids: set[str]) -> None:
         """Drop these programs and every executable compiled from them."""
@@ -146,6 +151,14 @@ class Programs:
         else:
             prog = self.program(pid)
             exp = prog.exported
+            if prog.axis_types:
+                # The export's shardings name a mesh of these types; arrays on the plain
+                # mesh (puts, transfers) are passed to it as they are.
+                mesh = Mesh(
+                    mesh.devices,
+                    mesh.axis_names,
+                    axis_types=tuple(AxisType[t] for t in prog.axis_types),
+                )
             in_sh = [
                 s
                 if s is not None

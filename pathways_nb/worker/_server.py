@@ -348,7 +348,7 @@ class Host:
             log.warning("controller says: %s", h["message"])
         elif kind == "program":
             if len(msg.buffers) == 1:
-                specs, options = h.get("in_specs"), h.get("options")
+                specs, options, types = h.get("in_specs"), h.get("options"), h.get("axis_types")
                 self.executor.submit(
                     "program",
                     (
@@ -357,6 +357,7 @@ class Host:
                         bytes(msg.buffers[0]),
                         specs if isinstance(specs, list) else [],
                         options if isinstance(options, dict) else {},
+                        types if isinstance(types, list) else [],
                     ),
                 )
         elif kind == "run":
