@@ -457,3 +457,20 @@ def test_jax_outside_pw_jit_refuses_a_remote_array_without_fetching_it() -> None
         here = jnp.sin(jnp.asarray(y.fetch()))
         np.testing.assert_array_equal(pw.jit(jnp.sin)(y).fetch(), here)
         np.testing.assert_array_equal(here, jnp.sin(jnp.arange(4.0, dtype=jnp.float32) * 2))
+
+
+def test_item_takes_an_index_as_jax_arrays_do(client: pw.Client) -> None:
+    vs = client.allocate({"data": 2})
+    a = np.arange(8, dtype=np.float32).reshape(4, 2)
+    x, want = vs.put(a, P("data")), jnp.asarray(a)
+    for args in [(5,), (-1,), ((3, 1),), (3, 1), ((-1, -2),)]:
+        assert x.item(*args) == want.item(*args), args
+    # Out of bounds is NumPy's IndexError (indexing on the slice would clamp).
+    with pytest.raises(IndexError, match="index 8 is out of bounds"):
+        x.item(8)
+    with pytest.raises(IndexError, match="index 4 is out of bounds"):
+        x.item((4, 0))
+    with pytest.raises(ValueError, match=r"item takes 2 indices for shape \(4, 2\)"):
+        x.item((1,))
+    assert vs.put(np.float32(3)).item() == 3.0
+    vs.release()

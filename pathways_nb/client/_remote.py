@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -266,8 +267,22 @@ class RemoteArray(Placement):
         """``(kDLCPU, 0)``: a fetched value is in this process's memory."""
         return (1, 0)
 
-    def item(self) -> Any:
-        return np.asarray(self).item()
+    def item(self, *args: Any) -> Any:
+        """As ``jax.Array.item``: the only element, or the one at a flat index or an index
+        tuple (NumPy's rules: out of bounds is an IndexError). Only that element is
+        fetched."""
+        if not args:
+            return np.asarray(self).item()
+        index = args[0] if len(args) == 1 else tuple(args)
+        flat = not isinstance(index, tuple)
+        where = (index,) if flat else index
+        dims = (self.size,) if flat else self.shape
+        if len(where) != len(dims):
+            raise ValueError(f"item takes {self.ndim} indices for shape {self.shape}; got {index}")
+        for k, n in zip(where, dims, strict=True):
+            if not -n <= operator.index(k) < n:
+                raise IndexError(f"index {k} is out of bounds for axis with size {n}")
+        return np.asarray(self.reshape(-1)[index] if flat else self[index]).item()
 
     def tolist(self) -> Any:
         """The value as nested Python lists (fetched), as ``jax.Array.tolist``."""
