@@ -240,6 +240,9 @@ def test_a_slice_with_explicit_axes_traces_shardings_in_types_as_jax_does(
     assert seen == ["float32[4@data,3]", "float32[4@data,3]"]
     np.testing.assert_array_equal(got.fetch(), np.asarray(want))
     assert got.sharding.mesh.axis_types == mesh.axis_types and got.spec == P()
+    # A requested in_sharding other than the array's own is a reshard there.
+    resharded = pw.jit(lambda v: v * 1, in_shardings=P())(vs.put(a, P("data")))
+    np.testing.assert_array_equal(resharded.fetch(), a)
     # Arrays move between slices of either kind, and programs take them.
     moved = pw.jit(lambda x: x * 2, slice=auto)(got)
     back = pw.jit(lambda x: x + 1, slice=vs)(moved)

@@ -178,6 +178,31 @@ def test_gradients_summed_per_device_and_reduced_once_per_step_train_like_plain_
     assert all(p["w"].sharding.spec == PartitionSpec() for p in params)
 
 
+@pytest.mark.parametrize("reduce_grads", ["microbatch", "step"])
+def test_slices_with_explicit_axes_train_like_plain_jax(four: pw.Client, reduce_grads: str) -> None:
+    """Stages on slices whose axes are Explicit (jax.make_mesh's default): the step's own
+    layouts are reshards there, where a sharding constraint would only assert."""
+    slices = [four.allocate({"data": 2}, axis_types="explicit") for _ in range(4)]
+    try:
+        x, y = _batch()
+        step = pw.pipeline(
+            [layer, layer, layer, head],
+            slices,
+            mse,
+            optax.sgd(0.5),
+            microbatches=4,
+            batch_spec=PartitionSpec("data"),
+            reduce_grads=reduce_grads,
+        )
+        _, got = _train(step, x, y, 3)
+        np.testing.assert_allclose(
+            got, _reference(_params(SIZES), x, y, 3, optax.sgd(0.5)), rtol=2e-5, atol=1e-6
+        )
+    finally:
+        for s in slices:
+            s.release()
+
+
 @pytest.mark.parametrize(
     ("schedule", "reduce_grads", "opt", "skip"),
     [("1f1b", "microbatch", optax.adam(1e-2), True), ("gpipe", "step", optax.sgd(0.5), False)],

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 import jax
 import numpy as np
 from jax import export
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from pathways_nb._core import PathwaysError, encode_spec, program_id
 from pathways_nb.client._slice import VirtualSlice
@@ -113,7 +113,7 @@ def export_program(
             # committed argument laid out otherwise; here arrays from other slices
             # arrive resharded, and one on the slice itself is treated alike).
             if spec is not None and xs[i].ndim and spec != avals[i].sharding.spec:
-                xs[i] = jax.lax.with_sharding_constraint(xs[i], NamedSharding(am, spec))
+                xs[i] = laid_out(xs[i], NamedSharding(am, spec))
         # The slice's mesh is the context mesh while the function traces, as under
         # jax.set_mesh: bare PartitionSpecs work in with_sharding_constraint,
         # shard_map and reshard inside it.
@@ -262,3 +262,12 @@ def _spec_of(sharding: Any) -> PartitionSpec | None:
         f"shardings for pw.jit are PartitionSpecs over the slice's mesh axes (or None); "
         f"got {type(sharding).__name__}"
     )
+
+
+def laid_out(x: Any, sharding: NamedSharding) -> Any:
+    """``x`` with this layout inside a traced function: a sharding constraint, or on a
+    mesh with Explicit axes (where a constraint only asserts the layout it already has,
+    and fails otherwise) a reshard, as JAX asks there."""
+    if any(t == AxisType.Explicit for t in sharding.mesh.axis_types):
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)

@@ -22,6 +22,7 @@ from pathways_nb.client._export import (
     _is_spec_leaf,
     _spec_of,
     export_program,
+    laid_out,
 )
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
@@ -144,7 +145,7 @@ class RemoteFunction:
         def constrain(x: Any, spec: PartitionSpec | None) -> Any:
             if mesh is None or spec is None or not getattr(x, "ndim", 0):
                 return x
-            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+            return laid_out(x, NamedSharding(mesh, spec))
 
         def body(*xs: Any) -> Any:
             xs = tuple(constrain(x, sp) for x, sp in zip(xs, specs, strict=True))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
+from pathways_nb.client._export import laid_out
 from pathways_nb.client._ties import Path, leaf_at, with_leaf
 
 
@@ -253,9 +254,7 @@ def _per_device_copies(p: Any, mesh: AbstractMesh, axes: Any) -> Any:
     names = axes if isinstance(axes, tuple) else (axes,)
     n = math.prod(mesh.shape[a] for a in names)
     where = NamedSharding(mesh, PartitionSpec(axes))
-    return jax.tree.map(
-        lambda v: jax.lax.with_sharding_constraint(jnp.broadcast_to(v, (n, *v.shape)), where), p
-    )
+    return jax.tree.map(lambda v: laid_out(jnp.broadcast_to(v, (n, *v.shape)), where), p)
 
 
 def update(
@@ -397,6 +396,6 @@ def _reduced(g: Any, mesh: AbstractMesh) -> Any:
     """Per-device gradient sums (a leading dimension, one row per device) added up,
     replicated like the parameters."""
     return jax.tree.map(
-        lambda v: jax.lax.with_sharding_constraint(v.sum(0), NamedSharding(mesh, PartitionSpec())),
+        lambda v: laid_out(v.sum(0), NamedSharding(mesh, PartitionSpec())),
         g,
     )
