@@ -120,6 +120,7 @@ def compile_on_host(
 ) -> Compiled:
     """Export ``f`` for these arguments (RemoteArrays, arrays, ``jax.ShapeDtypeStruct``
     or numbers) on the slice a call would run it on, and compile it on its host."""
+    from pathways_nb.client._export import export_program
     from pathways_nb.client._jit import _is_remote
     from pathways_nb.client._programs import program_key
     from pathways_nb.client._session import Client
@@ -144,7 +145,7 @@ def compile_on_host(
     prog = g._programs.get(key)
     if prog is None:
         with interrupts_held():
-            prog = g._trace(vs, treedef, avals, static, donate)
+            prog = export_program(g, vs, treedef, avals, static, donate)
         g._programs[key] = prog
     client._register(prog, vs)
     reply = client._ask(

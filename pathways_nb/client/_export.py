@@ -131,6 +131,17 @@ def export_program(
     flat.__signature__ = _LEAVES  # type: ignore[attr-defined]
 
     in_sh = [a.sharding for a in avals]
+
+    def exported(out_sh: Any) -> export.Exported:
+        jitted = jax.jit(
+            flat,
+            in_shardings=in_sh,
+            out_shardings=out_sh,
+            donate_argnums=donate,
+            keep_unused=self.keep_unused,
+        )
+        return export.export(jitted, platforms=(vs.platform,))(*avals)
+
     try:
         out_sh: Any = None
         if user_out is not None:
@@ -140,29 +151,14 @@ def export_program(
             wanted = [s for i, s in enumerate(wanted) if i not in dropped]
             if any(s is not None for s in wanted):
                 out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
-        jitted = jax.jit(
-            flat,
-            in_shardings=in_sh,
-            out_shardings=out_sh,
-            donate_argnums=donate,
-            keep_unused=self.keep_unused,
-        )
-        exp = export.export(jitted, platforms=(vs.platform,))(*avals)
+        exp = exported(out_sh)
         if exp.nr_devices != vs.size and out_sh is None:
             # Nothing ties the program to the slice's devices (it ignores its inputs
             # and leaves its outputs' layout free), so it was exported for one device:
             # make its outputs replicated over the slice instead.
             jax.eval_shape(flat, *avals)
             kept = out_holder[-1].num_leaves - len(float0_holder[-1])
-            out_sh = [NamedSharding(am, PartitionSpec())] * kept
-            jitted = jax.jit(
-                flat,
-                in_shardings=in_sh,
-                out_shardings=out_sh,
-                donate_argnums=donate,
-                keep_unused=self.keep_unused,
-            )
-            exp = export.export(jitted, platforms=(vs.platform,))(*avals)
+            exp = exported([NamedSharding(am, PartitionSpec())] * kept)
         blob = bytes(exp.serialize())
     except NotImplementedError as exc:
         if "host_callback" in str(exc):

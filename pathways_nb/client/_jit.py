@@ -21,7 +21,6 @@ from pathways_nb.client._export import (
     _broadcast_specs,
     _is_spec_leaf,
     _spec_of,
-    export_program,
     laid_out,
 )
 from pathways_nb.client._remote import RemoteArray
@@ -340,17 +339,6 @@ class RemoteFunction:
             f"while tracing pw.jit program {self.name!r} for slice {vs.name!r} with "
             f"inputs {', '.join(_aval_text(a) for a in avals) or '(none)'}"
         )
-
-    def _trace(
-        self,
-        vs: VirtualSlice,
-        treedef: Any,
-        avals: list[jax.ShapeDtypeStruct],
-        static: Any,
-        donate: tuple[int, ...],
-    ) -> Program:
-        """Export the program for these abstract inputs on ``vs``'s mesh."""
-        return export_program(self, vs, treedef, avals, static, donate)
 
 
 def _mesh_of(leaves: Sequence[Any]) -> Any:

@@ -21,7 +21,7 @@ from pathways_nb._core import (
     encode_spec,
 )
 from pathways_nb.client import _graph
-from pathways_nb.client._export import Program
+from pathways_nb.client._export import Program, export_program
 from pathways_nb.client._indexing import Dynamic, fill_index, split_index, static_key
 from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._io import IOThread
@@ -110,7 +110,7 @@ class ProgramCalls:
                 for a in arrays
             ]
             with interrupts_held():
-                prog = f._trace(vs, treedef, avals, static, donate)
+                prog = export_program(f, vs, treedef, avals, static, donate)
             if rec is not None and rec.tracing:
                 return self._trace_only(f, prog, vs, arrays, rec)  # not sent, not cached
             self._register(prog, vs)
