@@ -203,7 +203,7 @@ class Programs:
         ``analysis``, what ``jax.stages.Compiled`` tells of the executable as well (its
         memory, cost and optimized HLO), compiled with the donations its launches use."""
         try:
-            donate = tuple(int(i) for i in h.get("donate") or ())
+            donate = tuple(sorted(int(i) for i in h.get("donate") or ()))
             fn = self.executable(h["pid"], self.mesh(h["devices"], h["mesh"]), donate)
             specs = [
                 encode_spec(s.spec) if isinstance(s, NamedSharding) else None
