@@ -653,6 +653,11 @@ def test_compile_runs_on_the_slices_host_and_reports_what_jax_reports(
     assert x.is_deleted()
     _, after = host.statistics()
     assert after.compiles == before.compiles  # the call ran what compile() compiled
+    # As jax.stages.Compiled: arguments of other types are refused, naming both.
+    other = vs.put(np.ones((64, 64), np.float32), P("data"))
+    with pytest.raises(TypeError, match=r"compiled for inputs \(float32\[64, 64\] laid out as "):
+        compiled(other, vs.put(np.ones((128, 64), np.float32), P("data")))
+    assert not other.is_deleted()  # refused before anything ran
     # Abstract arguments need no array on the slice, as for jax.jit's lower.
     shaped = jax.ShapeDtypeStruct((256, 64), np.float32)
     g = pw.jit(lambda w, x: x @ w, slice=vs, in_shardings=(P(), P("data")))

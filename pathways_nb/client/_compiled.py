@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import decode_spec
@@ -54,11 +55,18 @@ class Compiled:
     """A pw.jit function compiled on its slice's host for these argument types."""
 
     def __init__(
-        self, f: RemoteFunction, prog: Program, vs: VirtualSlice, reply: dict[str, Any]
+        self,
+        f: RemoteFunction,
+        prog: Program,
+        vs: VirtualSlice,
+        signature: tuple[Any, ...],
+        reply: dict[str, Any],
     ) -> None:
         self._f = f
         self._prog = prog
         self._slice = vs
+        # (tree, input signatures, static arguments): what a call must match.
+        self._signature = signature
         memory = reply.get("memory")
         self._memory = MemoryStats(memory) if isinstance(memory, dict) else None
         self._cost = dict(reply.get("cost") or {})
@@ -67,6 +75,16 @@ class Compiled:
         self._out_specs = [PartitionSpec() if s is None else decode_spec(s) for s in specs]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run it on the slice with arguments of the types it was compiled for (as
+        ``jax.stages.Compiled``, which refuses others: the pw.jit function traces anew)."""
+        got = _signature(self._f, self._slice, args, kwargs)
+        if got != self._signature:
+            want_text, got_text = _described(self._signature), _described(got)
+            raise TypeError(
+                f"{self._f.name} was compiled for {want_text} and called with {got_text}: "
+                "call the pw.jit function itself to trace and compile for these, or compile "
+                "for them (f.lower(...).compile())"
+            )
         return self._f(*args, **kwargs)
 
     def memory_analysis(self) -> MemoryStats | None:
@@ -115,6 +133,43 @@ def _aval(x: Any, vs: VirtualSlice, spec: PartitionSpec | None) -> jax.ShapeDtyp
     )
 
 
+def _sig(a: jax.ShapeDtypeStruct) -> tuple[Any, ...]:
+    # As a RemoteArray's _sig: shape, dtype, spec, and whether it is weakly typed.
+    return (a.shape, a.dtype, a.sharding.spec, *(("weak",) if a.weak_type else ()))
+
+
+def _signature(
+    f: RemoteFunction, vs: VirtualSlice, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    """The tree, input signatures and static arguments a call with these arguments
+    gives the program on ``vs``."""
+    from pathways_nb.client._jit import _is_remote
+
+    dyn, static = f._split(args, kwargs)
+    leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
+    specs = f._leaf_specs(treedef)
+    return treedef, tuple(_sig(_aval(x, vs, s)) for x, s in zip(leaves, specs, strict=True)), static
+
+
+def _described(signature: tuple[Any, ...]) -> str:
+    _, sigs, static = signature
+    inputs = ", ".join(
+        ("weak " if rest else "")
+        + f"{np.dtype(d).name if _is_numpy(d) else d}{list(shape)} laid out as {spec}"
+        for shape, d, spec, *rest in sigs
+    )
+    fixed = ", ".join(f"argument {k} = {v!r}" for k, v in (*static[0], *static[1]))
+    return f"inputs ({inputs or 'none'})" + (f" and static {fixed}" if fixed else "")
+
+
+def _is_numpy(dtype: Any) -> bool:
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    return True
+
+
 def compile_on_host(
     f: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any], options: Any
 ) -> Compiled:
@@ -138,9 +193,7 @@ def compile_on_host(
     donate = tuple(sorted(g._donated_leaves(args, kwargs))) if g.donates else ()
     # Kept where the call looks for it: the call then launches the program compiled
     # here (the same function traced again, from another line, exports other bytes).
-    sigs = tuple(
-        (a.shape, a.dtype, a.sharding.spec, *(("weak",) if a.weak_type else ())) for a in avals
-    )
+    sigs = tuple(_sig(a) for a in avals)
     key = program_key(treedef, sigs, static, vs, donate)
     prog = g._programs.get(key)
     if prog is None:
@@ -152,4 +205,4 @@ def compile_on_host(
         {"t": "probe", "slice": vs.id, "pid": prog.pid, "analysis": True, "donate": list(donate)},
         timeout=None,
     )
-    return Compiled(g, prog, vs, reply)
+    return Compiled(g, prog, vs, (treedef, sigs, static), reply)
