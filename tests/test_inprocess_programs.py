@@ -645,6 +645,9 @@ def test_compile_runs_on_the_slices_host_and_reports_what_jax_reports(
     assert compiled.cost_analysis()["transcendentals"] == want.cost_analysis()["transcendentals"]
     assert "input_output_alias" in compiled.as_text() and "tanh" in compiled.as_text()
     assert compiled.output_shardings.spec == P("data")
+    args, kwargs = compiled.input_shardings
+    assert [s.spec for s in args] == [P(), P("data")] and kwargs == {}
+    assert [s.spec for s in want.input_shardings[0]] == [P(), P("data")]
     _, before = host.statistics()
     # One executable, with the donation: learning the output layouts compiled another.
     assert before.compiles == start.compiles + 1

@@ -97,6 +97,14 @@ class Compiled:
         return self._hlo
 
     @property
+    def input_shardings(self) -> Any:
+        """The inputs' shardings over the slice's mesh, as ``(args, kwargs)`` trees of
+        the dynamic arguments (static ones left out), as ``jax.stages.Compiled`` has them."""
+        treedef, sigs, _ = self._signature
+        am = self._slice.abstract_mesh
+        return jax.tree.unflatten(treedef, [NamedSharding(am, sig[2]) for sig in sigs])
+
+    @property
     def output_shardings(self) -> Any:
         """The outputs' shardings over the slice's mesh, in the outputs' tree."""
         am = self._slice.abstract_mesh
