@@ -13,7 +13,7 @@ before any worker starts, from what it can see without loading CUDA or ROCm.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import NamedTuple
 
 _NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
@@ -140,3 +140,28 @@ def island_envs(
         )
     d = devices_per_island
     return [{gpus.variable: ",".join(gpus.names[i * d : (i + 1) * d])} for i in range(islands)]
+
+
+# The variables island_envs sets for GPUs: an island env holding one gives its host GPUs.
+_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def spare_the_hosts_gpus(
+    envs: list[dict[str, str]], environ: MutableMapping[str, str], gpu_in_use: bool
+) -> str | None:
+    """Keep the calling process (the notebook's, the client's) from holding the GPUs its
+    cluster's hosts were given: JAX takes 75% of every GPU it sees when it first uses
+    one. Where JAX has not started on a GPU here, it will start without taking memory
+    ahead (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless set); where it has
+    (``gpu_in_use``), the text of a warning saying what to do, else None."""
+    if not any(v in env for env in envs for v in _GPU_VARIABLES):
+        return None
+    if gpu_in_use:
+        return (
+            "JAX in this process already uses the GPUs this cluster's hosts will drive, and "
+            "holds most of their memory: the hosts may run out of it. The client needs no "
+            "GPU; start the kernel with JAX_PLATFORMS=cpu (or "
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false) before JAX is imported"
+        )
+    environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    return None

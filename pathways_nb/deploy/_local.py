@@ -19,10 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any
 
 from pathways_nb._core import BrokenError, ClosedError, Config
-from pathways_nb.deploy._accelerators import island_envs
+from pathways_nb.deploy._accelerators import island_envs, spare_the_hosts_gpus
 from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
 from pathways_nb.deploy.worker import HOST_FAILED
 
@@ -166,6 +167,9 @@ class LocalCluster:
         Config.from_env(environ)
         # Each island's own GPUs, if it is to use GPUs (refused here if too few).
         self._island_envs = island_envs(platform, islands, devices_per_island, environ)
+        warning = spare_the_hosts_gpus(self._island_envs, os.environ, _jax_uses_a_gpu())
+        if warning is not None:
+            warnings.warn(warning, RuntimeWarning, stacklevel=2)
         self._timeout = timeout
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="pathways-cluster-")
@@ -410,3 +414,18 @@ class LocalCluster:
             f"<pathways_nb.LocalCluster {self.islands} islands x {self.devices_per_island} "
             f"{self.platform or 'auto'} devices at {state}{dash}>"
         )
+
+
+def _jax_uses_a_gpu() -> bool:
+    """Whether JAX in this process has started a GPU backend (without starting one)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        if not xla_bridge.backends_are_initialized():
+            return False
+        return any(d.platform in ("gpu", "cuda", "rocm") for d in jax.devices())
+    except Exception:  # a JAX without these internals: nothing known, nothing said
+        return False

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pathways_nb.deploy._accelerators import island_envs, nvidia_gpus
+from pathways_nb.deploy._accelerators import island_envs, nvidia_gpus, spare_the_hosts_gpus
 
 
 def _driver(tmp_path: Path, count: int) -> str:
@@ -83,3 +83,23 @@ def test_amd_gpus_are_shared_out_through_the_variable_rocm_reads(tmp_path: Path)
         island_envs("rocm", 1, 1, {}, _driver(tmp_path, 8), cpus_only)
     with pytest.raises(ValueError, match=r"platform='cuda' asks for NVIDIA GPUs.*sees none"):
         island_envs("cuda", 1, 1, {}, none, four)
+
+
+def test_the_client_process_leaves_the_hosts_gpus_alone(tmp_path: Path) -> None:
+    eight = _driver(tmp_path, 8)
+    envs = island_envs(None, 2, 4, {}, eight)
+    # JAX here has not started on a GPU: it will start without taking memory ahead.
+    environ: dict[str, str] = {}
+    assert spare_the_hosts_gpus(envs, environ, gpu_in_use=False) is None
+    assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    # What the user set stays as it is.
+    environ = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    spare_the_hosts_gpus(envs, environ, gpu_in_use=False)
+    assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+    # It has: nothing can be undone here, so the warning says what to do.
+    warning = spare_the_hosts_gpus(envs, {}, gpu_in_use=True)
+    assert warning is not None and "JAX_PLATFORMS=cpu" in warning
+    # Hosts on simulated devices take no GPUs: nothing to spare.
+    environ = {}
+    cpu = island_envs("cpu", 2, 4, {}, eight)
+    assert spare_the_hosts_gpus(cpu, environ, gpu_in_use=True) is None and environ == {}
