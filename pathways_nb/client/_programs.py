@@ -12,14 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import (
-    CHECK_INFS,
-    CHECK_NANS,
-    ClosedError,
-    decode_spec,
-    donated_twice,
-    encode_spec,
-)
+from pathways_nb._core import ClosedError, decode_spec, donated_twice, encode_spec
 from pathways_nb.client import _graph
 from pathways_nb.client._export import Program, export_program
 from pathways_nb.client._indexing import Dynamic, fill_index, split_index, static_key
@@ -28,7 +21,7 @@ from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._slice import VirtualSlice
-from pathways_nb.client._tracectx import trace_context
+from pathways_nb.client._tracectx import output_checks, trace_context
 from pathways_nb.wire import interrupts_deferred
 
 if TYPE_CHECKING:
@@ -36,8 +29,6 @@ if TYPE_CHECKING:
     from pathways_nb.client._session import Client
 
 _MAX_OPS = 512
-# Read per launch; typed loosely since its flags are attributes made at run time.
-_CONFIG: Any = jax.config
 # jax.Array attributes that are values, not methods.
 _PROPERTIES = frozenset({"T", "mT", "real", "imag"})
 
@@ -322,11 +313,7 @@ class ProgramCalls:
                 "outs": outs,
                 "donate": list(prog.donate),
             }
-            # jax.jit checks its outputs under these flags; the host does it here.
-            check = (CHECK_NANS if _CONFIG.jax_debug_nans else 0) | (
-                CHECK_INFS if _CONFIG.jax_debug_infs else 0
-            )
-            if check:
+            if check := output_checks():
                 launch["check"] = check
             self._io.send_batched(launch)
             for i in prog.donate:

@@ -7,6 +7,9 @@ its caches key on the calling thread's trace context. ``pw.jit`` keys on the sam
 call under another setting gets a program traced under it, not one traced before it
 changed. The trace context is private to JAX; where a version lacks it, the public
 settings that change a trace most stand in.
+
+The NaN and infinity flags change no trace; :func:`output_checks` reads them for each
+launch, whose host then checks its outputs.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from pathways_nb._core import CHECK_INFS, CHECK_NANS
 
 # Typed loosely: its flags are attributes made at run time.
 _CONFIG: Any = jax.config
@@ -39,3 +44,11 @@ def _find() -> Callable[[], Any]:
 
 
 trace_context: Callable[[], Any] = _find()
+
+
+def output_checks() -> int:
+    """What ``jax_debug_nans`` / ``jax_debug_infs`` in this thread ask each launch's host
+    to check its outputs for (``CHECK_NANS | CHECK_INFS``), as jax.jit checks its own."""
+    return (CHECK_NANS if _CONFIG.jax_debug_nans else 0) | (
+        CHECK_INFS if _CONFIG.jax_debug_infs else 0
+    )
