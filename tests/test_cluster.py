@@ -834,11 +834,9 @@ def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -
     sched_file = tmp_path / "scheduler.json"
     cmd = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
     cmd += ["--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)]
-    plain = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = tmp_path / "scheduler.log"
+    with open(log, "wb") as err:
+        plain = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     try:
         address = _wait_for_file(sched_file, plain, 60)["address"]
         # It was a TypeError from inside the client ("'NoneType' object is not iterable").
@@ -849,6 +847,8 @@ def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -
     finally:
         plain.terminate()
         plain.wait(30)
+    # A scheduler that answers is not probed first: each probe is a line in its log.
+    assert "closed before handshake" not in log.read_text(), log.read_text()
     with pytest.raises(ValueError, match=r"cannot read a scheduler address from .*nowhere.json"):
         pw.Client(scheduler_file=tmp_path / "nowhere.json")
     with pytest.raises(ValueError, match="an address or a scheduler_file, not both"):

@@ -661,6 +661,16 @@ def test_compile_runs_on_the_slices_host_and_reports_what_jax_reports(
     with pytest.raises(TypeError, match=r"compiled for inputs \(float32\[64, 64\] laid out as "):
         compiled(other, vs.put(np.ones((128, 64), np.float32), P("data")))
     assert not other.is_deleted()  # refused before anything ran
+    # Host arrays are laid out as compiled, as jax.stages.Compiled shards them, and the
+    # call still runs the executable compile() made.
+    host_x = np.arange(128 * 64, dtype=np.float32).reshape(128, 64) / 8192
+    y = compiled(w, host_x)
+    np.testing.assert_allclose(
+        y.fetch(), np.tanh(host_x @ np.ones((64, 64), np.float32)), rtol=1e-5
+    )
+    assert y.spec == P("data") and host.statistics()[1].compiles == after.compiles
+    with pytest.raises(TypeError, match=r"called with inputs \(float32\[64, 64\] laid out as "):
+        compiled(w, np.ones((64, 64), np.float32))  # another shape is still refused
     # Abstract arguments need no array on the slice, as for jax.jit's lower.
     shaped = jax.ShapeDtypeStruct((256, 64), np.float32)
     g = pw.jit(lambda w, x: x @ w, slice=vs, in_shardings=(P(), P("data")))

@@ -79,6 +79,11 @@ class Compiled:
         ``jax.stages.Compiled``, which refuses others: the pw.jit function traces anew)."""
         got = _signature(self._f, self._slice, args, kwargs)
         if got != self._signature:
+            # Host arrays are laid out as compiled, as jax.stages.Compiled shards them;
+            # a RemoteArray laid out otherwise stays refused, as a committed jax.Array is.
+            args, kwargs = self._placed(args, kwargs)
+            got = _signature(self._f, self._slice, args, kwargs)
+        if got != self._signature:
             want_text, got_text = _described(self._signature), _described(got)
             raise TypeError(
                 f"{self._f.name} was compiled for {want_text} and called with {got_text}: "
@@ -86,6 +91,26 @@ class Compiled:
                 "for them (f.lower(...).compile())"
             )
         return self._f(*args, **kwargs)
+
+    def _placed(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments with each host array of a compiled input's shape and
+        dtype put on the slice as that input is laid out."""
+        from pathways_nb.client._jit import _is_remote
+
+        f, vs = self._f, self._slice
+        want_tree, want_sigs, _ = self._signature
+        (dyn_args, dyn_kwargs), static = f._split(args, kwargs)
+        leaves, treedef = jax.tree.flatten((dyn_args, dyn_kwargs), is_leaf=_is_remote)
+        if treedef != want_tree:
+            return args, kwargs
+        placed = [_placed_leaf(x, want, vs) for x, want in zip(leaves, want_sigs, strict=True)]
+        dyn_args, dyn_kwargs = jax.tree.unflatten(treedef, placed)
+        static_pos, static_kw, nargs, _ = static
+        fixed, rest = dict(static_pos), iter(dyn_args)
+        full = tuple(fixed[i] if i in fixed else next(rest) for i in range(nargs))
+        return full, {**dyn_kwargs, **dict(static_kw)}
 
     def memory_analysis(self) -> MemoryStats | None:
         return self._memory
@@ -139,6 +164,17 @@ def _aval(x: Any, vs: VirtualSlice, spec: PartitionSpec | None) -> jax.ShapeDtyp
     return jax.ShapeDtypeStruct(
         a.shape, a.dtype, sharding=NamedSharding(am, spec), weak_type=a.weak_type
     )
+
+
+def _placed_leaf(x: Any, want: tuple[Any, ...], vs: VirtualSlice) -> Any:
+    """``x`` put on ``vs`` laid out as ``want`` says, where it is a host array of
+    ``want``'s shape and dtype; otherwise ``x`` itself."""
+    if isinstance(x, RemoteArray | jax.ShapeDtypeStruct) or not hasattr(x, "dtype"):
+        return x
+    shape, dtype, spec, *weak = want
+    if weak or not _is_numpy(x.dtype) or (tuple(np.shape(x)), x.dtype) != (shape, dtype):
+        return x
+    return vs.put(np.asarray(x), spec)
 
 
 def _sig(a: jax.ShapeDtypeStruct) -> tuple[Any, ...]:

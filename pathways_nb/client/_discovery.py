@@ -11,24 +11,35 @@ from typing import Any
 
 from pathways_nb._core import BrokenError
 
-# Seconds a probe of the scheduler's port waits before leaving the connection to Dask.
+# Seconds Dask's connect is given before a probe says whether anything listens there.
 _PROBE_SECONDS = 2.0
 
 
 def ask_scheduler(address: str, timeout: float = 30.0, probe: bool = True) -> dict[str, Any]:
     """Ask a Dask scheduler with the pathways preload about its controller.
 
-    ``probe=False`` skips the check that something listens there, for a caller that
-    knows (each probe is a connection the scheduler logs as closed before its handshake).
+    With ``probe``, a connection that fails within a few seconds is followed by a check
+    that something listens there, so that a stopped cluster is said within seconds (Dask would
+    retry a refused connection for its whole timeout). The check runs only then: the
+    scheduler logs each such probe as a connection closed before its handshake.
     """
+    first = min(timeout, _PROBE_SECONDS) if probe else timeout
+    result = _ask(address, first)
+    if probe and isinstance(result.get("error"), TimeoutError | OSError):
+        _refused_at_once(address)
+        if timeout > first:
+            result = _ask(address, timeout)
+    return _controller_info(address, result, timeout)
+
+
+def _ask(address: str, timeout: float) -> dict[str, Any]:
+    """The scheduler's answer about its controller (``info``), or the ``error`` met."""
     from distributed.core import rpc
 
-    if probe:
-        _refused_at_once(address)
     result: dict[str, Any] = {}
 
     async def ask() -> None:
-        r = rpc(address)
+        r = rpc(address, timeout=timeout)
         try:
             result["info"] = await asyncio.wait_for(r.pathways_controller(), timeout)
         finally:
@@ -44,6 +55,11 @@ def ask_scheduler(address: str, timeout: float = 30.0, probe: bool = True) -> di
     t = threading.Thread(target=run, name="pathways-ask-scheduler")
     t.start()
     t.join()
+    return result
+
+
+def _controller_info(address: str, result: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The controller's info from ``_ask``'s result, or a BrokenError saying what failed."""
     if "error" in result:
         exc = result["error"]
         if isinstance(exc, TimeoutError | OSError):
