@@ -312,6 +312,12 @@ def test_remote_array_metadata_copies_and_pickling(client: pw.Client) -> None:
     np.testing.assert_array_equal(np.asarray(snap["w"][0]), v)
     with pytest.raises(TypeError, match=r"cannot be pickled.*np.asarray\(x\)"):
         pickle.dumps(params)
+    # A Dask task capturing the slice or the client is told what to do instead, where
+    # pickle itself failed on the client's lock.
+    with pytest.raises(TypeError, match=r"VirtualSlice cannot be pickled.*vs.put\(dask_array"):
+        pickle.dumps({"vs": vs})
+    with pytest.raises(TypeError, match=r"pw.Client cannot be pickled.*a client of its own"):
+        pickle.dumps(client)
 
 
 def print_of(value: Any) -> str:

@@ -224,6 +224,15 @@ class Client(ArrayIO):
                 (c for c in _OPEN if not c._closed), key=lambda c: c._opened, default=None
             )
 
+    def __reduce__(self) -> Any:
+        # Its sockets and threads belong to this process; a Dask task or a process
+        # started with spawn would otherwise fail deep in pickle.
+        how = f"pw.Client({self.scheduler_address!r})" if self.scheduler_address else "pw.Client"
+        raise TypeError(
+            "a pw.Client cannot be pickled: its connections belong to this process. In "
+            f"another process connect a client of its own to the cluster ({how})"
+        )
+
     def __enter__(self) -> Client:
         return self
 

@@ -306,6 +306,16 @@ class VirtualSlice:
         if self.state in ("active", "lost"):
             self._client._release(self)
 
+    def __reduce__(self) -> Any:
+        # A Dask task that captured the slice would otherwise fail deep in pickle, on
+        # the client's lock.
+        raise TypeError(
+            f"a VirtualSlice cannot be pickled: slice {self.name!r} is this client's "
+            "allocation, used from the process that holds the client. To compute data for "
+            "it in Dask, put the Dask collection on it (vs.put(dask_array, spec), or "
+            "pw.data.batches): its partitions are computed on the slice's own worker"
+        )
+
     def __enter__(self) -> VirtualSlice:
         self.check_active()
         self._previous.append(self._client.default_slice)
