@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import NamedTuple
 
+from pathways_nb.deploy._tpus import _PCI_DEVICES, tpu_chips, tpu_island_envs
+
 _NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 # The kernel's compute topology for AMD GPUs: one node per CPU socket and per GPU.
 _KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
@@ -106,13 +108,29 @@ def island_envs(
     env: Mapping[str, str],
     driver_dir: str = _NVIDIA_GPUS,
     kfd_dir: str = _KFD_NODES,
+    pci_dir: str = _PCI_DEVICES,
 ) -> list[dict[str, str]]:
     """The environment each island's worker adds to the cluster's, in island order.
 
     With GPUs in play (``platform`` None, ``"cuda"``, ``"rocm"`` or ``"gpu"``, and such
-    GPUs visible), island ``i`` owns GPUs ``i*d .. (i+1)*d - 1`` of them; a request for
-    more than there are is refused before anything starts. Otherwise nothing is added.
+    GPUs visible), island ``i`` owns GPUs ``i*d .. (i+1)*d - 1`` of them; with TPU chips
+    (``platform`` None or ``"tpu"``), chips likewise (see ``_tpus``). A request for more
+    than there are is refused before anything starts. Otherwise nothing is added.
     """
+    if platform in (None, "tpu"):
+        tpus = tpu_chips(env, pci_dir)
+        if tpus is not None and tpus.names:
+            return tpu_island_envs(tpus, islands, devices_per_island)
+        if platform == "tpu":
+            raise ValueError(
+                "platform='tpu' asks for TPU chips, but this process sees none"
+                + (
+                    f" (TPU_VISIBLE_CHIPS={env['TPU_VISIBLE_CHIPS']!r})"
+                    if "TPU_VISIBLE_CHIPS" in env
+                    else f" (no Google TPU under {pci_dir})"
+                )
+                + ": use platform='cpu' to simulate devices"
+            )
     if platform not in (None, "cuda", "rocm", "gpu"):
         return [{} for _ in range(islands)]
     gpus = visible_gpus(platform, env, driver_dir, kfd_dir)
@@ -147,13 +165,25 @@ _GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_D
 
 
 def spare_the_hosts_gpus(
-    envs: list[dict[str, str]], environ: MutableMapping[str, str], gpu_in_use: bool
+    envs: list[dict[str, str]],
+    environ: MutableMapping[str, str],
+    gpu_in_use: bool,
+    tpu_in_use: bool = False,
 ) -> str | None:
     """Keep the calling process (the notebook's, the client's) from holding the GPUs its
     cluster's hosts were given: JAX takes 75% of every GPU it sees when it first uses
     one. Where JAX has not started on a GPU here, it will start without taking memory
     ahead (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless set); where it has
-    (``gpu_in_use``), the text of a warning saying what to do, else None."""
+    (``gpu_in_use``), the text of a warning saying what to do, else None. TPU chips
+    are one process's at a time: where JAX here holds them (``tpu_in_use``) and the
+    hosts are given chips, the warning says so."""
+    if tpu_in_use and any("TPU_VISIBLE_CHIPS" in env for env in envs):
+        return (
+            "JAX in this process already holds this machine's TPU chips, which this "
+            "cluster's hosts will drive: a chip is one process's at a time, so the hosts "
+            "cannot start on them. The client needs no TPU; restart the kernel with "
+            "JAX_PLATFORMS=cpu set before JAX is imported"
+        )
     if not any(v in env for env in envs for v in _GPU_VARIABLES):
         return None
     if gpu_in_use:

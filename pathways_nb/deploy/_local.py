@@ -118,7 +118,8 @@ class LocalCluster:
     (``"cuda"``, ``"rocm"``, ``"tpu"``) asks for that one. Where the islands use NVIDIA
     or AMD GPUs, island ``i`` owns the ``i``-th run of ``devices_per_island`` of the
     machine's GPUs (those ``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES`` or
-    ``ROCR_VISIBLE_DEVICES`` shows, if set), so no two hosts drive one GPU. ``host`` is the
+    ``ROCR_VISIBLE_DEVICES`` shows, if set), so no two hosts drive one GPU; on a TPU VM,
+    a block of ``devices_per_island`` chips (``TPU_VISIBLE_CHIPS``). ``host`` is the
     address every process listens on: 127.0.0.1 (the default) serves this machine only;
     this machine's IP lets clients on other machines connect. ``port`` is the Dask
     scheduler's, the one in the address ``pw.Client`` takes (``8786`` gives
@@ -167,7 +168,13 @@ class LocalCluster:
         Config.from_env(environ)
         # Each island's own GPUs, if it is to use GPUs (refused here if too few).
         self._island_envs = island_envs(platform, islands, devices_per_island, environ)
-        warning = spare_the_hosts_gpus(self._island_envs, os.environ, _jax_uses_a_gpu())
+        in_use = _jax_platforms_in_use()
+        warning = spare_the_hosts_gpus(
+            self._island_envs,
+            os.environ,
+            gpu_in_use=bool(in_use & {"gpu", "cuda", "rocm"}),
+            tpu_in_use="tpu" in in_use,
+        )
         if warning is not None:
             warnings.warn(warning, RuntimeWarning, stacklevel=2)
         self._timeout = timeout
@@ -416,16 +423,17 @@ class LocalCluster:
         )
 
 
-def _jax_uses_a_gpu() -> bool:
-    """Whether JAX in this process has started a GPU backend (without starting one)."""
+def _jax_platforms_in_use() -> set[str]:
+    """The platforms of the devices JAX in this process has started (without starting
+    any): a GPU's or a TPU's would hold what the cluster's hosts are given."""
     jax = sys.modules.get("jax")
     if jax is None:
-        return False
+        return set()
     try:
         from jax._src import xla_bridge
 
         if not xla_bridge.backends_are_initialized():
-            return False
-        return any(d.platform in ("gpu", "cuda", "rocm") for d in jax.devices())
+            return set()
+        return {d.platform for d in jax.devices()}
     except Exception:  # a JAX without these internals: nothing known, nothing said
-        return False
+        return set()

@@ -1,4 +1,4 @@
-"""Each island of a local cluster owns GPUs of its own."""
+"""Each island of a local cluster owns GPUs, or TPU chips, of its own."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pathways_nb.deploy._accelerators import island_envs, nvidia_gpus, spare_the_hosts_gpus
+from pathways_nb.deploy._tpus import tpu_chips, tpu_island_envs
 
 
 def _driver(tmp_path: Path, count: int) -> str:
@@ -39,7 +40,12 @@ def test_islands_get_disjoint_runs_of_gpus_or_a_clear_refusal(tmp_path: Path) ->
         island_envs(None, 3, 4, {}, eight)
     # Simulated devices, another platform, or no GPUs to share: nothing to add.
     assert island_envs("cpu", 2, 4, {}, eight) == [{}, {}]
-    assert island_envs("tpu", 2, 4, {}, eight) == [{}, {}]
+    no_tpu = str(tmp_path / "no-pci")
+    assert island_envs(None, 2, 4, {}, eight, pci_dir=no_tpu)[0] == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3"
+    }
+    with pytest.raises(ValueError, match=r"platform='tpu' asks for TPU chips.*sees none"):
+        island_envs("tpu", 2, 4, {}, eight, pci_dir=no_tpu)
     assert island_envs(None, 2, 4, {}, str(tmp_path / "no-driver")) == [{}, {}]
     with pytest.raises(ValueError, match=r"platform='cuda' asks for NVIDIA GPUs.*sees none"):
         island_envs("cuda", 1, 1, {"CUDA_VISIBLE_DEVICES": "-1"}, eight)
@@ -103,3 +109,65 @@ def test_the_client_process_leaves_the_hosts_gpus_alone(tmp_path: Path) -> None:
     environ = {}
     cpu = island_envs("cpu", 2, 4, {}, eight)
     assert spare_the_hosts_gpus(cpu, environ, gpu_in_use=True) is None and environ == {}
+
+
+def _pci(tmp_path: Path, chips: int, device: str = "0x0063") -> str:
+    """A stand-in for /sys/bus/pci/devices: a NIC and ``chips`` Google TPU functions."""
+    d = tmp_path / "pci"
+    functions = {"0000:00:04.0": ("0x1af4", "0x1000")}
+    functions |= {f"0000:00:{5 + i:02x}.0": ("0x1ae0", device) for i in range(chips)}
+    for name, (vendor, dev) in functions.items():
+        (d / name).mkdir(parents=True)
+        (d / name / "vendor").write_text(vendor + "\n")
+        (d / name / "device").write_text(dev + "\n")
+    return str(d)
+
+
+def test_islands_get_blocks_of_tpu_chips_with_the_runtimes_variables(tmp_path: Path) -> None:
+    pci, none = _pci(tmp_path, 8), str(tmp_path / "no-gpus")
+    chips = tpu_chips({}, pci)
+    assert chips is not None and (chips.generation, chips.names) == (
+        "v5e",
+        [str(i) for i in range(8)],
+    )
+    envs = island_envs(None, 4, 2, {}, none, none, pci)
+    assert [e["TPU_VISIBLE_CHIPS"] for e in envs] == ["0,1", "2,3", "4,5", "6,7"]
+    assert {e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in envs} == {"1,2,1"}
+    assert {e["TPU_PROCESS_BOUNDS"] for e in envs} == {"1,1,1"}
+    assert all(e["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1" for e in envs)
+    # Each host's runtime coordinates on a port of its own, or the second one waits.
+    ports = [e["TPU_PROCESS_PORT"] for e in envs]
+    assert len(set(ports)) == 4
+    assert [e["TPU_PROCESS_ADDRESSES"] for e in envs] == [f"localhost:{p}" for p in ports]
+    four = tpu_island_envs(chips, 2, 4, lambda n: [8476 + i for i in range(n)])
+    assert [(e["TPU_VISIBLE_CHIPS"], e["TPU_CHIPS_PER_PROCESS_BOUNDS"]) for e in four] == [
+        ("0,1,2,3", "2,2,1"),
+        ("4,5,6,7", "2,2,1"),
+    ]
+    # One island of every chip is the runtime's default: nothing to set.
+    assert island_envs("tpu", 1, 8, {}, none, none, pci) == [{}]
+    # Within the chips the process was given.
+    given = island_envs("tpu", 2, 1, {"TPU_VISIBLE_CHIPS": "6,7"}, none, none, pci)
+    assert [e["TPU_VISIBLE_CHIPS"] for e in given] == ["6", "7"]
+    with pytest.raises(ValueError, match=r"need 12 TPU chips, and this machine shows 8 TPU v5e"):
+        island_envs(None, 3, 4, {}, none, none, pci)
+    with pytest.raises(ValueError, match=r"1, 2, 4 or 8 chips.*got devices_per_island=3"):
+        island_envs(None, 2, 3, {}, none, none, pci)
+    # Simulated devices leave the chips alone.
+    assert island_envs("cpu", 2, 4, {}, none, none, pci) == [{}, {}]
+
+
+def test_tpu_chips_of_a_generation_not_known_here_are_not_shared_out(tmp_path: Path) -> None:
+    pci, none = _pci(tmp_path, 4, device="0x0027"), str(tmp_path / "no-gpus")
+    with pytest.raises(ValueError, match=r"PCI device ids 0x0027.*islands=1, devices_per_island=4"):
+        island_envs(None, 2, 2, {}, none, none, pci)
+    assert island_envs(None, 1, 4, {}, none, none, pci) == [{}]
+
+
+def test_the_client_is_warned_when_it_holds_the_hosts_tpu_chips(tmp_path: Path) -> None:
+    none = str(tmp_path / "no-gpus")
+    envs = island_envs(None, 2, 2, {}, none, none, _pci(tmp_path, 4, device="0x005e"))
+    warning = spare_the_hosts_gpus(envs, {}, gpu_in_use=False, tpu_in_use=True)
+    assert warning is not None and "JAX_PLATFORMS=cpu" in warning and "TPU chips" in warning
+    environ: dict[str, str] = {}
+    assert spare_the_hosts_gpus(envs, environ, gpu_in_use=False) is None and environ == {}
