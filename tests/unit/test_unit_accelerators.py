@@ -1,4 +1,5 @@
-"""Each island of a local cluster owns GPUs, or TPU chips, of its own."""
+"""What a local cluster gives each island's process: GPUs or TPU chips of its own, and the
+C allocator's settings."""
 
 from __future__ import annotations
 
@@ -171,3 +172,12 @@ def test_the_client_is_warned_when_it_holds_the_hosts_tpu_chips(tmp_path: Path) 
     assert warning is not None and "JAX_PLATFORMS=cpu" in warning and "TPU chips" in warning
     environ: dict[str, str] = {}
     assert spare_the_hosts_gpus(envs, environ, gpu_in_use=False) is None and environ == {}
+
+
+def test_hosts_ask_glibc_for_huge_pages_unless_told_otherwise() -> None:
+    from pathways_nb.deploy._malloc import with_huge_pages
+
+    assert with_huge_pages(None) == with_huge_pages("") == "glibc.malloc.hugetlb=1"
+    mine = "glibc.malloc.arena_max=2"
+    assert with_huge_pages(mine) == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert with_huge_pages("glibc.malloc.hugetlb=0") == "glibc.malloc.hugetlb=0"
