@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -25,6 +26,8 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "versions": {n: v(n) for n in ("pathways_nb", "jax", "jaxlib", "distributed", "pyzmq")},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # The allocator's settings, this process's and so the hosts' (with_hosts_allocator).
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
     }
 
 
@@ -147,6 +150,24 @@ def write(result: dict[str, Any], path: str | None) -> None:
         with open(path, "w") as f:
             f.write(text + "\n")
     print(text)
+
+
+def with_hosts_allocator() -> None:
+    """Run this benchmark's process with the C allocator's settings the hosts run with,
+    starting it again if it lacks them (glibc reads them only when a process starts).
+
+    The hosts map large buffers with huge pages (``pathways_nb.deploy._malloc``); plain
+    JAX in this process would otherwise fault in every 4 KiB page of its large buffers
+    at every run, and a ratio would measure the allocator instead of the runtime (the
+    transformer training read 1.14x plain JAX that way, 0.98x with both alike)."""
+    from pathways_nb.deploy._malloc import with_huge_pages
+
+    current = os.environ.get("GLIBC_TUNABLES")
+    wanted = with_huge_pages(current)
+    if wanted == current or not getattr(sys, "orig_argv", None):
+        return
+    os.environ["GLIBC_TUNABLES"] = wanted
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 def xla_flags(devices: int) -> str:

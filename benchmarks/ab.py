@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import WAIT_EVERY, machine, write
+from benchmarks._common import WAIT_EVERY, machine, with_hosts_allocator, write
 from benchmarks.core import SIZE, allreduce_add
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,4 +112,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

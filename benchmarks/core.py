@@ -51,6 +51,7 @@ from benchmarks._common import (
     machine,
     summary,
     timed,
+    with_hosts_allocator,
     write,
 )
 from benchmarks._lean import LeanPath
@@ -339,4 +340,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from benchmarks._common import xla_flags
+from benchmarks._common import with_hosts_allocator, xla_flags
 
 os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -125,4 +125,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

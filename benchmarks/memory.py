@@ -30,7 +30,7 @@ import psutil
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import host_pids, machine, write
+from benchmarks._common import host_pids, machine, with_hosts_allocator, write
 
 
 def rss_mb(p: psutil.Process) -> float:
@@ -122,4 +122,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

@@ -45,7 +45,7 @@ import zmq
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import cpu_split, host_pids, machine, summary, write
+from benchmarks._common import cpu_split, host_pids, machine, summary, with_hosts_allocator, write
 
 STAGES = 4
 MICROBATCHES = 8
@@ -505,4 +505,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

@@ -55,7 +55,7 @@ import threading
 import time
 from typing import Any
 
-from benchmarks._common import machine, quick_main, summary
+from benchmarks._common import machine, quick_main, summary, with_hosts_allocator
 from benchmarks._scale_fakes import (
     DEVICES_PER_HOST,
     FAKE_DEVICE_SECONDS,
@@ -286,4 +286,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

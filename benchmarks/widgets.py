@@ -24,7 +24,7 @@ from typing import Any
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import machine, summary, write
+from benchmarks._common import machine, summary, with_hosts_allocator, write
 from pathways_nb.deploy._demo import init_params, make_data, train_step
 
 SIZES = (64, 256, 256, 8)
@@ -100,4 +100,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with_hosts_allocator()
     raise SystemExit(main())

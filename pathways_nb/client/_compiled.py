@@ -101,16 +101,12 @@ class Compiled:
 
         f, vs = self._f, self._slice
         want_tree, want_sigs, _ = self._signature
-        (dyn_args, dyn_kwargs), static = f._split(args, kwargs)
-        leaves, treedef = jax.tree.flatten((dyn_args, dyn_kwargs), is_leaf=_is_remote)
+        dyn, static = f._split(args, kwargs)
+        leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
         if treedef != want_tree:
             return args, kwargs
         placed = [_placed_leaf(x, want, vs) for x, want in zip(leaves, want_sigs, strict=True)]
-        dyn_args, dyn_kwargs = jax.tree.unflatten(treedef, placed)
-        static_pos, static_kw, nargs, _ = static
-        fixed, rest = dict(static_pos), iter(dyn_args)
-        full = tuple(fixed[i] if i in fixed else next(rest) for i in range(nargs))
-        return full, {**dyn_kwargs, **dict(static_kw)}
+        return f._joined(jax.tree.unflatten(treedef, placed), static)
 
     def memory_analysis(self) -> MemoryStats | None:
         return self._memory

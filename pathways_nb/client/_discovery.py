@@ -19,9 +19,9 @@ def ask_scheduler(address: str, timeout: float = 30.0, probe: bool = True) -> di
     """Ask a Dask scheduler with the pathways preload about its controller.
 
     With ``probe``, a connection that fails within a few seconds is followed by a check
-    that something listens there, so that a stopped cluster is said within seconds (Dask would
-    retry a refused connection for its whole timeout). The check runs only then: the
-    scheduler logs each such probe as a connection closed before its handshake.
+    that something listens there, so that a stopped cluster is said within seconds (Dask
+    would retry a refused connection for its whole timeout). The check runs only then:
+    the scheduler logs each such probe as a connection closed before its handshake.
     """
     first = min(timeout, _PROBE_SECONDS) if probe else timeout
     result = _ask(address, first)

@@ -240,15 +240,18 @@ class RemoteFunction:
         types = tuple(type(v) for _, v in (*static_pos, *static_kw))
         return (dyn_args, dyn_kwargs), (static_pos, static_kw, len(args), types)
 
-    def _apply(self, dyn: Any, static: Any) -> Any:
+    def _joined(self, dyn: Any, static: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A call's ``(args, kwargs)`` from its dynamic and static parts (``_split``'s
+        inverse)."""
         dyn_args, dyn_kwargs = dyn
         static_pos, static_kw, nargs, _ = static
-        full: list[Any] = []
-        it = iter(dyn_args)
-        sp = dict(static_pos)
-        for i in range(nargs):
-            full.append(sp[i] if i in sp else next(it))
-        return self.fun(*full, **dyn_kwargs, **dict(static_kw))
+        fixed, rest = dict(static_pos), iter(dyn_args)
+        full = tuple(fixed[i] if i in fixed else next(rest) for i in range(nargs))
+        return full, {**dyn_kwargs, **dict(static_kw)}
+
+    def _apply(self, dyn: Any, static: Any) -> Any:
+        args, kwargs = self._joined(dyn, static)
+        return self.fun(*args, **kwargs)
 
     def _where(self, dyn: Any, static: Any, index: int) -> str:
         """Where dynamic leaf ``index`` of a call sits, in the caller's words: the
