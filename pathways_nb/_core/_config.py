@@ -96,6 +96,11 @@ class Config:
     # told at registration. Past it that client's puts, programs and transfers into the
     # host fail with ResourceExhaustedError, and the others' go on.
     tenant_store_bytes: int = 0
+    # Bytes of freed receive buffers a host's process keeps for the next large message of
+    # their size (see wire/_recvpool): fresh memory costs page faults and, in a virtual
+    # machine that reports freed memory to its host, the host's faults as well. 0 keeps
+    # none.
+    receive_pool_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
@@ -107,6 +112,11 @@ class Config:
             raise ValueError(
                 "remap_wait_seconds must be a finite number of seconds, 0 or more; "
                 f"got {self.remap_wait_seconds} (PATHWAYS_REMAP_WAIT_SECONDS)"
+            )
+        if self.receive_pool_bytes < 0:
+            raise ValueError(
+                "receive_pool_bytes must be 0 (keep no buffers) or a positive number of "
+                f"bytes; got {self.receive_pool_bytes} (PATHWAYS_RECEIVE_POOL_BYTES)"
             )
         for name in ("tenant_max_devices", "tenant_store_bytes", "store_limit_bytes"):
             if getattr(self, name) < 0:
@@ -150,6 +160,7 @@ class Config:
             remap_wait_seconds=_env_float(env, "PATHWAYS_REMAP_WAIT_SECONDS", d.remap_wait_seconds),
             tenant_max_devices=_env_int(env, "PATHWAYS_TENANT_MAX_DEVICES", d.tenant_max_devices),
             tenant_store_bytes=_env_int(env, "PATHWAYS_TENANT_STORE_BYTES", d.tenant_store_bytes),
+            receive_pool_bytes=_env_int(env, "PATHWAYS_RECEIVE_POOL_BYTES", d.receive_pool_bytes),
         )
 
 

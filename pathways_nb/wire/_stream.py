@@ -37,10 +37,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import zmq
 
 from pathways_nb.wire._held import HELD, interrupts_deferred
+from pathways_nb.wire._recvpool import POOL
 
 _MAGIC = b"PW"
 _HEAD = struct.Struct("<2sH")
@@ -119,16 +119,16 @@ def aligned_frames(lens: Sequence[int]) -> list[memoryview]:
 
     XLA's CPU client places a host array on a device without copying it when the array
     starts on such a boundary (and copies it otherwise): a received array kept in its
-    own aligned frame becomes a device buffer at no cost. Nothing reuses the buffer, so
-    the arrays that alias it never change under a device. A NumPy buffer, not a
-    bytearray: it is not zeroed first, and large ones are backed by huge pages (measured
-    2.5x the bandwidth of a bytearray).
+    own aligned frame becomes a device buffer at no cost. The buffer is taken again (see
+    ``_recvpool``) only once every array over it is gone, so those arrays never change
+    under a device. A NumPy buffer, not a bytearray: it is not zeroed first, and large
+    ones are backed by huge pages (measured 2.5x the bandwidth of a bytearray).
     """
     offsets, end = [], 0
     for length in lens:
         offsets.append(end)
         end += -(-length // ALIGN) * ALIGN
-    raw = np.empty(end + ALIGN, np.uint8)
+    raw = POOL.take(end + ALIGN)
     base = -raw.ctypes.data % ALIGN
     whole = memoryview(raw.data)
     return [whole[base + at : base + at + n] for at, n in zip(offsets, lens, strict=True)]

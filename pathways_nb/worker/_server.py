@@ -51,6 +51,7 @@ from pathways_nb.wire import (
     sends_from_any_thread,
 )
 from pathways_nb.wire._messages import error_header
+from pathways_nb.wire._recvpool import POOL as RECEIVE_POOL
 from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
@@ -118,6 +119,10 @@ class Host:
         # The process is this host's alone (a cluster worker): it may lower the priority
         # of XLA's threads (see _priority), which an embedded host must leave alone.
         self._own_process = own_process
+        if own_process:
+            # Arrays from other hosts and clients land in kept buffers (see _recvpool);
+            # an embedded host leaves its process's (the notebook's) memory alone.
+            RECEIVE_POOL.max_bytes = self.config.receive_pool_bytes
         self.store = ObjectStore(self.config.store_limit_bytes)
         self._outbox = Outbox()
         self.executor = Executor(

@@ -208,6 +208,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "remap_wait_seconds": "12.5",
         "tenant_max_devices": "6",
         "tenant_store_bytes": "8192",
+        "receive_pool_bytes": "65536",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -230,6 +231,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         remap_wait_seconds=12.5,
         tenant_max_devices=6,
         tenant_store_bytes=8192,
+        receive_pool_bytes=65536,
     )
 
 
@@ -358,6 +360,9 @@ def test_config_reads_a_given_environment_as_this_processs(clean_env: pytest.Mon
     assert Config.from_env(given) == Config(tenant_max_devices=4)
     with pytest.raises(ValueError, match="PATHWAYS_TENANT_STORE_BYTES must be an integer"):
         Config.from_env({"PATHWAYS_TENANT_STORE_BYTES": "4GB"})
+    assert Config.from_env({"PATHWAYS_RECEIVE_POOL_BYTES": "0"}).receive_pool_bytes == 0
+    with pytest.raises(ValueError, match=r"receive_pool_bytes must be 0 .* got -1"):
+        Config.from_env({"PATHWAYS_RECEIVE_POOL_BYTES": "-1"})
 
 
 def test_public_namespaces_list_their_public_names_only() -> None:

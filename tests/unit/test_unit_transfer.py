@@ -167,6 +167,54 @@ def test_arrays_received_in_aligned_frames_become_device_buffers_without_a_copy(
     np.testing.assert_array_equal(received[0], x[:8])
 
 
+def test_a_receive_buffer_is_taken_again_only_once_its_arrays_are_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Large messages land in kept buffers (wire/_recvpool): a buffer that a device
+    array still aliases is never handed out again; once its arrays are gone the next
+    message of its size lands in it, up to the pool's bound."""
+    import gc
+
+    from pathways_nb.wire import _stream
+    from pathways_nb.wire._recvpool import ReceivePool
+
+    pool = ReceivePool(max_bytes=1 << 20)
+    monkeypatch.setattr(_stream, "POOL", pool)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    x = np.arange(16 * 1024, dtype=np.float32).reshape(16, 1024)
+
+    def received() -> tuple[np.ndarray, int]:
+        (frame,) = _stream.aligned_frames([x.nbytes])
+        frame[:] = x.tobytes()
+        arr = np.frombuffer(frame, np.float32).reshape(x.shape)
+        return arr, arr.ctypes.data
+
+    arr, first = received()
+    placed = from_regions(x.shape, x.dtype, NamedSharding(mesh, P()), {((0, 16), (0, 1024)): arr})
+    assert np.asarray(placed.addressable_shards[0].data).ctypes.data == first
+    del arr
+    gc.collect()
+    other, second = received()  # the device still holds the first buffer
+    assert second != first and pool.reused == 0
+    del other
+    gc.collect()
+    again, third = received()  # the second came back when its array went
+    assert third == second and pool.reused == 1
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v + 1)(placed)), x + 1)
+    del placed, again
+    gc.collect()
+    _, fourth = received()
+    assert fourth in (first, third) and pool.reused == 2
+    # A buffer past the bound is not kept; a bound of 0 keeps none.
+    assert ReceivePool(max_bytes=0).take(64).base is None
+    small = ReceivePool(max_bytes=100)
+    big = small.take(200)
+    del big
+    gc.collect()
+    small.take(200)
+    assert small.reused == 0
+
+
 def test_placing_scalars_narrow_and_wide_dtypes() -> None:
     mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
     scalar = from_host(np.array(3.5, np.float32), NamedSharding(mesh, P()))
