@@ -24,6 +24,9 @@ _PCI_DEVICES = "/sys/bus/pci/devices"
 _GOOGLE = "0x1ae0"
 # PCI device ids of the TPU generations whose chips JAX shows as one device each.
 _ONE_DEVICE_CHIPS = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e"}
+# TPUs whose chips are not shared out here (v2 and v3 show two devices a chip). Google's
+# other PCI functions (the gVNIC network card, NVMe disks) are no TPUs and are ignored.
+_OTHER_TPUS = {"0x0027", "0x0076"}
 # Chips per process → their block of a host's chip grid (x, y, z), as the runtime takes it.
 _CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
 
@@ -56,7 +59,7 @@ def tpu_chips(env: Mapping[str, str], pci_dir: str = _PCI_DEVICES) -> Tpus | Non
         for f in functions
         if _read(os.path.join(pci_dir, f, "vendor")) == _GOOGLE
     ]
-    ids = [i for i in ids if i]
+    ids = [i for i in ids if i in _ONE_DEVICE_CHIPS or i in _OTHER_TPUS]
     if not ids:
         return None
     generations = {_ONE_DEVICE_CHIPS.get(i, "") for i in ids}

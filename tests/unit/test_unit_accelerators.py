@@ -156,6 +156,11 @@ def test_islands_get_blocks_of_tpu_chips_with_the_runtimes_variables(tmp_path: P
         island_envs(None, 2, 3, {}, none, none, pci)
     # Simulated devices leave the chips alone.
     assert island_envs("cpu", 2, 4, {}, none, none, pci) == [{}, {}]
+    # Google's network card and disks on a GPU machine in its cloud are no TPUs.
+    gce = _pci(tmp_path / "gce", 2, device="0x0042")
+    assert tpu_chips({}, gce) is None
+    gpus = island_envs(None, 2, 1, {}, _driver(tmp_path / "gce", 2), none, gce)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in gpus] == ["0", "1"]
 
 
 def test_tpu_chips_of_a_generation_not_known_here_are_not_shared_out(tmp_path: Path) -> None:
