@@ -54,10 +54,5 @@ class ReceivePool:
                 self._free.setdefault(n, []).append(backing)
                 self._kept += n
 
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._kept = 0
-
 
 POOL = ReceivePool()
