@@ -67,6 +67,11 @@ class Client(ArrayIO):
     ``dask_client`` is the ``distributed.Client`` that computes puts of Dask arrays (by
     default this cluster's scheduler's current Dask client, or one made on first use;
     see :attr:`dask_client`).
+
+    ``observer=True`` makes a read-only client, for dashboards: it reads
+    :meth:`status` and the event log, and nothing else. It is no tenant: it holds no
+    slices, takes no share of the islands, is not listed among the tenants, and never
+    becomes :meth:`current`.
     """
 
     _current: ClassVar[Client | None] = None
@@ -82,7 +87,11 @@ class Client(ArrayIO):
         timeout: float = 30.0,
         scheduler_file: str | os.PathLike[str] | None = None,
         dask_client: Any = None,
+        observer: bool = False,
     ) -> None:
+        if not isinstance(observer, bool):
+            raise TypeError(f"observer is True or False; got {observer!r}")
+        self.observer = observer
         adopt: Callable[[Client], None] | None = None
         self.scheduler_address: str | None = None
         weight = validate_weight(weight)
@@ -152,6 +161,7 @@ class Client(ArrayIO):
                     "versions": versions.to_dict(),
                     "name": name,
                     "weight": float(weight),
+                    **({"observer": True} if observer else {}),
                 }
             ).result(timeout)
         except TimeoutError:
@@ -180,9 +190,10 @@ class Client(ArrayIO):
             default_config().remap_wait_seconds if h.get("remaps") else 0.0
         )
         self._ids = HandleAllocator(self.tenant)
-        Client._current = self
         self._opened = next(_CONNECTED)
-        _OPEN.add(self)
+        if not observer:
+            Client._current = self
+            _OPEN.add(self)
         self._finalizer = weakref.finalize(self, IOThread.stop, self._io)
         if adopt is not None:
             adopt(self)
@@ -279,6 +290,12 @@ class Client(ArrayIO):
         ``axis_types`` are ``jax.make_mesh``'s: None leaves every axis Auto (the
         compiler propagates shardings); ``AxisType.Explicit`` (or ``"explicit"``), for
         all axes or one per axis, makes shardings part of the types while tracing."""
+        if self.observer:
+            raise ClosedError(
+                "this client observes only (pw.Client(..., observer=True)): it reads the "
+                "status and the event log; connect a pw.Client without observer=True to "
+                "allocate slices"
+            )
         shape = validate_mesh_shape(mesh)
         types = axis_types_for(axis_types, list(shape))
         if name is not None and not isinstance(name, str):
@@ -458,19 +475,19 @@ class Client(ArrayIO):
         :class:`Status`; its DataFrames are built when first read)."""
         return Status.from_reply(self._ask({"t": "status"})["status"])
 
-    def event_rows(self, after: int = 0, since: Any = 0.0) -> EventRows:
-        """This client's events logged after the ``after``-th, as plain rows in
-        ``Status.COLUMNS["events"]`` order, and the cursor to pass next time: what a live
-        view polls without building a DataFrame each time. ``since`` (a time, as for
-        :meth:`events`) leaves out older events: a view of the last seconds of a long
-        run starts without reading the whole log.
+    def event_rows(self, after: int = 0, since: Any = 0.0, all_tenants: bool = False) -> EventRows:
+        """This client's events (every client's with ``all_tenants``) logged after the
+        ``after``-th, as plain rows in ``Status.COLUMNS["events"]`` order, and the cursor
+        to pass next time: what a live view polls without building a DataFrame each
+        time. ``since`` (a time, as for :meth:`events`) leaves out older events: a view
+        of the last seconds of a long run starts without reading the whole log.
 
         >>> rows, cursor = client.event_rows(0, since=time.time() - 10)
         >>> rows, cursor = client.event_rows(cursor)   # later: only the new ones
         """
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise TypeError(f"after is a cursor (0, or the next of an earlier call); got {after!r}")
-        h = self._events_reply(since, False, after)
+        h = self._events_reply(since, all_tenants, after)
         return EventRows(h["events"], int(h["next"]))
 
     def _events_reply(self, since: Any, all_tenants: bool, after: int | None) -> Any:

@@ -363,6 +363,7 @@ class ClientRequests:
                 "store_bytes": sum(b.get(x.tenant, 0) for b in self._host_tenant_bytes.values()),
             }
             for x in self.tenants.by_id.values()
+            if not x.observer
         ]
         snap["quotas"] = {
             "max_devices": self.config.tenant_max_devices,
@@ -455,7 +456,8 @@ class ClientRequests:
             if s.tenant == t.tenant and s.state == "active":
                 self._release_slice(t, s)
         self.rm.forget_tenant(t.tenant)
-        self.events.add("tenant_leave", t.tenant, detail=why)
+        if not t.observer:
+            self.events.add("tenant_leave", t.tenant, detail=why)
         self.tenants.remove(t.tenant)
         self.scheduler.forget_tenant(t.tenant)
         self._forget_programs(t.tenant)

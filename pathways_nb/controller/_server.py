@@ -78,6 +78,8 @@ _CLIENT_TYPES = frozenset(
         "bye",
     }
 )
+# What an observer (a read-only client) may ask.
+_OBSERVER_TYPES = frozenset({"heartbeat", "status", "events", "bye"})
 _BATCHABLE = frozenset({"launch", "transfer", "put_note", "delete", "heartbeat"})
 
 
@@ -374,9 +376,11 @@ class Controller(ClientRequests, HostMessages):
         except ValueError as exc:
             self._send_client(identity, {"t": "refuse", "rid": rid, "reason": str(exc)})
             return
-        t = self.tenants.add(identity, str(h.get("name") or ""), weight)
-        self.scheduler.set_weight(t.tenant, t.weight)
-        self.events.add("tenant_join", t.tenant, detail=t.name)
+        observer = h.get("observer") is True
+        t = self.tenants.add(identity, str(h.get("name") or ""), weight, observer)
+        if not observer:
+            self.scheduler.set_weight(t.tenant, t.weight)
+            self.events.add("tenant_join", t.tenant, detail=t.name)
         self._send_client(
             identity,
             {
@@ -393,6 +397,11 @@ class Controller(ClientRequests, HostMessages):
     def _client_message(self, t: Tenant, kind: str, h: dict[str, Any], bufs: list[Any]) -> None:
         rid = h.get("rid")
         try:
+            if t.observer and kind not in _OBSERVER_TYPES:
+                raise ProtocolError(
+                    f"{kind!r} is refused: this client observes only (it said hello as an "
+                    "observer), which reads the status and the event log"
+                )
             handler = getattr(self, f"_c_{kind}")
             handler(t, h, bufs)
         except (

@@ -16,6 +16,8 @@ class Tenant:
     launches: int = 0
     pending: int = 0
     device_seconds: float = 0.0
+    # A read-only client (a dashboard): status and events only, never listed or weighed.
+    observer: bool = False
 
 
 class Tenants:
@@ -26,12 +28,14 @@ class Tenants:
         self.by_identity: dict[bytes, Tenant] = {}
         self._next = 0
 
-    def add(self, identity: bytes, name: str, weight: float = 1.0) -> Tenant:
+    def add(
+        self, identity: bytes, name: str, weight: float = 1.0, observer: bool = False
+    ) -> Tenant:
         old = self.by_identity.get(identity)
         if old is not None:
             return old
         self._next += 1
-        t = Tenant(self._next, identity, name or f"tenant-{self._next}", weight)
+        t = Tenant(self._next, identity, name or f"tenant-{self._next}", weight, observer=observer)
         self.by_id[t.tenant] = t
         self.by_identity[identity] = t
         return t

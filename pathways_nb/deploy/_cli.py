@@ -52,12 +52,28 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--scheduler-file", help="read the address from this file instead")
     status.add_argument("--json", action="store_true", help="the tables as JSON")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    sub.add_parser(
+        "lab",
+        help="start JupyterLab with the Pathways panel (other arguments go to `jupyter lab`)",
+        description="Run `jupyter lab` with the Pathways side panel loaded from this install: "
+        "the panel shows your pw.LocalClusters, $PATHWAYS_ADDRESS, or any scheduler address "
+        "you type into it.",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "lab":
+        import os
+
+        from pathways_nb.lab import lab_arguments
+
+        command = [sys.executable, "-m", "jupyter", "lab", *lab_arguments(), *rest]
+        os.execv(sys.executable, command)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "demo":
         from pathways_nb.deploy._demo import run_demo
 

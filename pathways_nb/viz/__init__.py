@@ -8,6 +8,10 @@ Every ``%pathways`` magic has its function here:
 >>> pw.viz.devices(client)                 # %pathways devices
 >>> pw.viz.write_trace(client.events(), "step.json")   # %pathways trace step.json
 
+What the live views draw is public too: :func:`status_html`, :class:`PlacementRows` and
+:class:`TimelineRows` compute it from a client's snapshots, for JupyterLab's Pathways
+panel (``pathways-nb lab``) and for dashboards of your own.
+
 This package uses only the client's public API.
 """
 
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 
 from pathways_nb.viz._timeline import intervals, parse_duration
 from pathways_nb.viz._trace import trace_events, write_trace
+from pathways_nb.viz._views import PlacementRows, TimelineRows, status_html
 from pathways_nb.viz._widgets import (
     DevicesWidget,
     GraphWidget,
@@ -75,7 +80,9 @@ def progress(
 __all__ = [
     "DevicesWidget",
     "GraphWidget",
+    "PlacementRows",
     "StatusWidget",
+    "TimelineRows",
     "TimelineWidget",
     "devices",
     "graph",
@@ -84,6 +91,7 @@ __all__ = [
     "parse_duration",
     "progress",
     "status",
+    "status_html",
     "timeline",
     "trace_events",
     "write_trace",

@@ -21,9 +21,9 @@ import anywidget
 import pandas as pd
 import traitlets
 
-from pathways_nb.client import Client, DataflowGraph, Status
+from pathways_nb.client import Client, DataflowGraph
 from pathways_nb.viz._svg import timeline_svg
-from pathways_nb.viz._timeline import Tracker
+from pathways_nb.viz._views import PlacementRows, TimelineRows, status_html
 
 _STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -124,30 +124,17 @@ class TimelineWidget(_Live):
         interval: float = 1.0,
         max_rows: int = 1000,
     ) -> None:
-        if last is not None and (
-            isinstance(last, bool) or not isinstance(last, int | float) or not last > 0
-        ):
-            raise ValueError(f"last is a window in seconds, > 0 (None: all the log); got {last!r}")
+        self._timeline = TimelineRows(last, max_rows)
         self.last = last
         self.max_rows = max_rows
-        self._cursor = 0
-        horizon = None if last is None else last + 10.0
-        self._tracker = Tracker(horizon, max_rows)
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        # Only events logged since the last refresh cross the wire and get looked at.
-        # The first look at a window of the last seconds reads only those seconds.
-        horizon = self._tracker.horizon
-        since = 0.0 if self._cursor or horizon is None else time.time() - horizon
-        ev, self._cursor = self._client.event_rows(self._cursor, since=since)
-        if not ev and self.rows and self.last is None:
-            return  # nothing new to draw
-        self._tracker.add(ev)
-        records, lanes_ = self._tracker.records(self.last)
-        self.rows = records
-        self.lanes = lanes_
-        self.span_ms = max(((r["end"] or r["start"]) for r in records), default=0.0)
+        if not self._timeline.update(self._client.event_rows):
+            return
+        self.rows = self._timeline.rows
+        self.lanes = self._timeline.lanes
+        self.span_ms = self._timeline.span_ms
         self.updated = time.time()
 
     def _fallback_html(self) -> str:
@@ -218,20 +205,9 @@ class StatusWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        # Straight from the snapshot's rows: its DataFrames (never built here) and their
-        # to_html would cost the notebook's kernel ten times as much, every refresh.
         s = self._client.status()
         self.summary = s.summary
-        t = s.rows
-        events = [[_clock(e[0]), *e[1:]] for e in t["events"]]
-        parts = [f"<p><b>{html.escape(self.summary)}</b></p>"]
-        if s.quota_line:
-            parts.append(f"<p>{html.escape(s.quota_line)}</p>")
-        for name, columns in Status.COLUMNS.items():
-            rows = events if name == "events" else t[name]
-            parts.append(f"<h4>{'latest events' if name == 'events' else name}</h4>")
-            parts.append(_html_table(columns, rows) if rows else "<p>none</p>")
-        self.html = "".join(parts)
+        self.html = status_html(s)
         self.updated = time.time()
 
     def _fallback_html(self) -> str:
@@ -252,29 +228,13 @@ class DevicesWidget(_Live):
         self, client: Client | None = None, live: bool = True, interval: float = 2.0
     ) -> None:
         self._cursor = 0
-        self._last: dict[str, str] = {}  # slice id -> the program that last started there
+        self._placement = PlacementRows()
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        t = self._client.status().rows
+        s = self._client.status()
         ev, self._cursor = self._client.event_rows(self._cursor)
-        for e in ev:  # time, kind, tenant, lid, program, slice, ...
-            if e[1] == "start" and e[4] != "transfer":
-                self._last[str(e[5])] = str(e[4])
-        # Devices name the slice that holds them; the event log names slices by id.
-        by_name = {x[1]: x[0] for x in t["slices"]}
-        rows = []
-        for island, _host, device, sname in t["devices"]:
-            sid = by_name.get(sname, "")
-            rows.append(
-                {
-                    "island": island,
-                    "device": int(device),
-                    "slice": sname,
-                    "program": self._last.get(sid, "") if sname else "",
-                }
-            )
-        self.devices = rows
+        self.devices = self._placement.rows(s, ev)
         self.updated = time.time()
 
     def _fallback_html(self) -> str:
@@ -284,16 +244,3 @@ class DevicesWidget(_Live):
     def __repr__(self) -> str:
         held = sum(1 for d in self.devices if d["slice"])
         return f"<DevicesWidget: {len(self.devices)} devices, {held} held by slices>"
-
-
-def _clock(t: float) -> str:
-    """An event time as the status table shows it: UTC, to the microsecond."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}"
-
-
-def _html_table(columns: tuple[str, ...], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows
-    )
-    return f'<table class="dataframe"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

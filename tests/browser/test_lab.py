@@ -9,22 +9,13 @@ the timeline. Screenshots are kept under ``tests/artifacts/``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from _lab import ARTIFACTS, browser_page, lab_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 CELLS = [
     "import os\n"
@@ -50,16 +41,8 @@ CELLS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
     root = tmp_path_factory.mktemp("lab")
     nb = {
         "cells": [
@@ -79,66 +62,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "nbformat_minor": 5,
     }
     (root / "widgets.ipynb").write_text(json.dumps(nb))
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("lab-log") / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "jupyter",
-        "lab",
-        "--no-browser",
-        f"--port={port}",
-        "--ServerApp.ip=127.0.0.1",
-        "--ServerApp.token=",
-        "--ServerApp.password=",
-        "--ServerApp.allow_root=True",
-        "--ServerApp.disable_check_xsrf=True",
-        f"--ServerApp.root_dir={root}",
-        "--LabApp.news_url=",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
-        )
-        try:
-            deadline = time.monotonic() + 90
-            while True:  # until the server accepts connections
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        pytest.fail("jupyter lab did not start:\n" + log_path.read_text()[-3000:])
-                    time.sleep(0.3)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with lab_server(root, tmp_path_factory.mktemp("lab-log") / "server.log") as url:
+        yield url
 
 
 def test_jupyterlab_draws_the_graph_and_the_timeline(lab: str) -> None:
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with browser_page() as page:
         try:
             page.goto(f"{lab}/lab/tree/widgets.ipynb", timeout=90_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
@@ -162,7 +91,6 @@ def test_jupyterlab_draws_the_graph_and_the_timeline(lab: str) -> None:
             assert page.locator(".pw-timeline svg rect.transfer").count() == 3
         finally:
             page.screenshot(path=str(ARTIFACTS / "lab-widgets.png"), full_page=True)
-            browser.close()
 
 
 def _run_all(page: Any) -> None:

@@ -79,7 +79,7 @@ def test_controller_and_workers_never_import_the_client(mod: str) -> None:
 
 @pytest.mark.parametrize(
     "mod",
-    sorted(m for m in IMPORTS if _role(m) in ("viz", "data") or m == "pathways_nb._magics"),
+    sorted(m for m in IMPORTS if _role(m) in ("viz", "data", "lab") or m == "pathways_nb._magics"),
 )
 def test_jupyter_parts_and_data_pipelines_use_the_public_api(mod: str) -> None:
     public = {"pathways_nb", "pathways_nb.client", "pathways_nb.viz"}

@@ -2,9 +2,12 @@
 // the time a launch waited before it started. Redrawn whenever the rows change.
 import { PALETTE, svgEl, errorLine } from "./common.js";
 
-const LANE_H = 26, BAR_H = 16, LEFT = 150, WIDTH = 900;
+const LANE_H = 26, BAR_H = 16;
 
-export function draw(rows, lanes) {
+// `width` in pixels: 900 in a notebook; JupyterLab's side panel draws at its own width,
+// the lane labels taking at most a third of it.
+export function draw(rows, lanes, width = 900) {
+  const WIDTH = Math.max(width, 200), LEFT = Math.min(150, Math.round(WIDTH / 3));
   const height = LANE_H * lanes.length + 30;
   const svg = svgEl("svg", { width: WIDTH, height, "font-family": "sans-serif", "font-size": 11 });
   if (!rows.length) {

@@ -32,6 +32,19 @@ describe("timeline", () => {
     expect([...svg.querySelectorAll("rect")].map((r) => r.dataset.lid)).toEqual(["1", "2", "3"]);
   });
 
+  it("draws at a given width, the lane labels taking at most a third", () => {
+    const svg = draw(rows, ["island0/s1", "island1/s2"], 300);
+    expect(svg.getAttribute("width")).toBe("300");
+    const xs = [...svg.querySelectorAll("rect")].map((r) => Number(r.getAttribute("x")));
+    const ends = [...svg.querySelectorAll("rect")].map(
+      (r) => Number(r.getAttribute("x")) + Number(r.getAttribute("width")));
+    expect(Math.min(...xs)).toBeGreaterThan(100);
+    const starts = [...svg.querySelectorAll("line.queued")].map((l) => Number(l.getAttribute("x1")));
+    expect(Math.min(...starts)).toBe(100); // the first launch, at the lanes' left edge
+    expect(Math.max(...ends)).toBeLessThanOrEqual(300); // inside the drawing
+    expect(draw(rows, ["island0/s1"]).getAttribute("width")).toBe("900");
+  });
+
   it("redraws when the rows change and stops listening when removed", () => {
     const model = fakeModel({ rows: [], lanes: [], error: "" });
     const el = document.createElement("div");

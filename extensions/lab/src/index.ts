@@ -1,0 +1,28 @@
+// pathways_nb's JupyterLab extension: the Pathways side panel in the left sidebar.
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { PathwaysPanel } from './panel';
+
+// Four devices, two held by a slice: drawn inline, so no network is needed.
+const icon = new LabIcon({
+  name: 'pathways-nb:icon',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">' +
+    '<g class="jp-icon3" fill="#616161">' +
+    '<rect x="1" y="1" width="6" height="6" rx="1"/><rect x="9" y="1" width="6" height="6" rx="1"/>' +
+    '<rect x="1" y="9" width="6" height="6" rx="1" fill-opacity="0.4"/>' +
+    '<rect x="9" y="9" width="6" height="6" rx="1" fill-opacity="0.4"/></g></svg>'
+});
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'pathways-nb-lab:panel',
+  description: 'A side panel showing a pathways_nb cluster: status, placement, timeline.',
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    const panel = new PathwaysPanel();
+    panel.title.icon = icon;
+    app.shell.add(panel, 'left', { rank: 600 });
+  }
+};
+
+export default plugin;

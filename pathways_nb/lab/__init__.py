@@ -1,0 +1,53 @@
+"""JupyterLab's Pathways panel: a side panel that shows a cluster's islands, slices,
+tenants, device placement and live timeline, beside any notebook.
+
+Two halves: a JupyterLab extension (``extensions/lab``, built into ``labextensions/``
+here and installed under ``share/jupyter/labextensions`` by the wheel) and this Jupyter
+server extension, which connects to the cluster and serves what the panel draws. The
+panel offers this user's ``pw.LocalCluster`` s, the address in ``$PATHWAYS_ADDRESS``,
+and any Dask scheduler address typed into it.
+
+``pathways-nb lab`` starts JupyterLab with both halves enabled, from any install.
+Elsewhere, ``jupyter server extension enable pathways_nb.lab`` enables the server half.
+"""
+
+from __future__ import annotations
+
+import atexit
+import pathlib
+from typing import Any
+
+LABEXTENSIONS = pathlib.Path(__file__).parent / "labextensions"
+NAME = "pathways-nb-lab"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "pathways_nb.lab"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": f"labextensions/{NAME}", "dest": NAME}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from pathways_nb.lab._boards import Boards
+    from pathways_nb.lab._handlers import setup_handlers
+
+    boards = Boards()
+    for problem in boards.problems:
+        serverapp.log.warning("pathways_nb.lab: %s", problem)
+    atexit.register(boards.close)
+    setup_handlers(serverapp.web_app, boards)
+    serverapp.log.info("pathways_nb.lab: the Pathways panel's endpoints are under /pathways-nb/")
+
+
+def lab_arguments() -> list[str]:
+    """Arguments that make ``jupyter lab`` load the panel's two halves from this install."""
+    # traitlets' command-line forms of a dict and a list entry.
+    return [
+        "--ServerApp.jpserver_extensions=pathways_nb.lab=True",
+        f"--LabApp.extra_labextensions_path={LABEXTENSIONS}",
+    ]
+
+
+__all__ = ["LABEXTENSIONS", "NAME", "lab_arguments"]

@@ -1,0 +1,213 @@
+"""What JupyterLab's Pathways panel shows, one board per cluster.
+
+A board holds a client of its cluster (connected on first use, named ``JupyterLab``)
+and what the notebook's live widgets keep between refreshes: the placement map's last
+programs and the timeline's rows. :meth:`Board.snapshot` returns everything the panel
+draws in one JSON-ready dict. Boards run in the Jupyter server's process, called from
+its handler threads; each board takes its own lock, so two browser tabs polling the
+same cluster take turns on its client.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import glob
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pathways_nb.client import Client
+from pathways_nb.viz import PlacementRows, TimelineRows, status_html
+
+# pw.LocalCluster keeps its scheduler file here while it runs (see deploy/_local.py).
+LOCAL_PATTERN = "pathways-cluster-*/scheduler.json"
+# How much of the event log the panel's timeline draws.
+TIMELINE_SECONDS = 30.0
+TIMELINE_ROWS = 2000
+# The status tables show the newest events of every tenant, as many as a status has.
+NEWEST_EVENTS = 20
+
+
+@dataclass(frozen=True)
+class Found:
+    """A cluster the panel can show: its Dask scheduler address and where it was found
+    (``"local"``: a ``pw.LocalCluster`` on this machine, ``"configured"``: the server's
+    configuration or ``PATHWAYS_ADDRESS``)."""
+
+    address: str
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"address": self.address, "source": self.source}
+
+
+def local_clusters(tmp: str | None = None) -> list[Found]:
+    """The ``pw.LocalCluster`` s of this user running on this machine, newest first."""
+    found = []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for path in glob.glob(os.path.join(tmp or tempfile.gettempdir(), LOCAL_PATTERN)):
+        try:
+            st = os.stat(path)
+            if uid is not None and st.st_uid != uid:
+                continue  # another user's cluster: not ours to show
+            with open(path) as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a cluster starting or closing: its file is half written or gone
+        if isinstance(address, str) and address:
+            found.append((st.st_mtime, Found(address, "local")))
+    return [f for _, f in sorted(found, key=lambda x: -x[0])]
+
+
+def check_address(address: object) -> str:
+    """A Dask scheduler address as the panel accepts it; ValueError otherwise."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(
+            "address names a cluster's Dask scheduler, such as 'tcp://127.0.0.1:8786'; "
+            f"got {address!r}"
+        )
+    given = address.strip()
+    address = given if "://" in given else "tcp://" + given
+    proto, _, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if proto not in ("tcp", "tls") or not host or not port.isdigit():
+        raise ValueError(
+            "address names a cluster's Dask scheduler as tcp://HOST:PORT (tls:// too); "
+            f"got {given!r}"
+        )
+    return address
+
+
+class Board:
+    """One cluster's panel contents, refreshed on demand from a client of its own."""
+
+    def __init__(self, found: Found, connect: Callable[[Found], Client]) -> None:
+        self.found = found
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+        self._placement = PlacementRows()
+        self._cursor = 0  # the placement map's place in the event log
+        self._newest: collections.deque[list[Any]] = collections.deque(maxlen=NEWEST_EVENTS)
+        self._timeline = TimelineRows(TIMELINE_SECONDS, TIMELINE_ROWS)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The panel's contents now: ``summary`` and ``html`` (the status tables),
+        ``devices`` (the placement map), ``rows`` and ``lanes`` (the timeline), or
+        ``error`` saying why the cluster cannot be shown."""
+        with self._lock:
+            try:
+                if self._client is None:
+                    self._client = self._connect(self.found)
+                    self._placement, self._cursor = PlacementRows(), 0
+                    self._newest.clear()
+                    self._timeline = TimelineRows(TIMELINE_SECONDS, TIMELINE_ROWS)
+                client = self._client
+                s = client.status()
+                # A view of the whole cluster: every tenant's programs.
+                events, self._cursor = client.event_rows(self._cursor, all_tenants=True)
+                devices = self._placement.rows(s, events)
+                self._newest.extend(events)
+                self._timeline.update(functools.partial(client.event_rows, all_tenants=True))
+            except Exception as exc:  # shown in the panel; the next poll connects again
+                self._drop_client()
+                return {"address": self.found.address, "error": _reason(self.found, exc)}
+            return {
+                "address": self.found.address,
+                "summary": s.summary,
+                "html": status_html(s, list(self._newest)),
+                "devices": devices,
+                "rows": self._timeline.rows,
+                "lanes": self._timeline.lanes,
+                "span_ms": self._timeline.span_ms,
+                "updated": time.time(),
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_client()
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            # A client of a cluster that is gone closes what it can; nothing to report.
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+def _reason(found: Found, exc: BaseException) -> str:
+    return f"cannot show the cluster at {found.address}: {type(exc).__name__}: {exc}"
+
+
+def _connect(found: Found) -> Client:
+    return Client(found.address, name="JupyterLab", timeout=10.0, observer=True)
+
+
+class Boards:
+    """The boards of the clusters the panel has shown, by address, and the clusters it
+    can offer: ``configured`` addresses (and ``$PATHWAYS_ADDRESS``) and this user's
+    ``pw.LocalCluster`` s. At most ``max_boards`` stay connected; the one unused longest
+    is closed first."""
+
+    def __init__(
+        self,
+        configured: list[str] | tuple[str, ...] = (),
+        connect: Callable[[Found], Client] = _connect,
+        tmp: str | None = None,
+        max_boards: int = 8,
+    ) -> None:
+        env = os.environ.get("PATHWAYS_ADDRESS", "")
+        # Addresses that are not one are skipped, and said (the panel shows them).
+        self.problems: list[str] = []
+        self._configured = []
+        for given, where in [*((a, "configured") for a in configured), (env, "PATHWAYS_ADDRESS")]:
+            if where == "PATHWAYS_ADDRESS" and not env:
+                continue
+            try:
+                self._configured.append(check_address(given))
+            except ValueError as exc:
+                self.problems.append(f"{where}: {exc}")
+        self._connect = connect
+        self._tmp = tmp
+        self._max = max_boards
+        self._lock = threading.Lock()
+        self._boards: dict[str, Board] = {}
+
+    def found(self) -> list[Found]:
+        """The clusters to offer, configured ones first, each address once."""
+        out: dict[str, Found] = {}
+        for a in self._configured:
+            out.setdefault(a, Found(a, "configured"))
+        for f in local_clusters(self._tmp):
+            out.setdefault(f.address, f)
+        return list(out.values())
+
+    def board(self, address: object) -> Board:
+        """The board of the cluster at ``address`` (one the panel offers, or any other
+        Dask scheduler address); ValueError for an address that is not one."""
+        address = check_address(address)
+        with self._lock:
+            b = self._boards.pop(address, None)
+            if b is None:
+                known = {f.address: f for f in self.found()}
+                b = Board(known.get(address, Found(address, "given")), self._connect)
+            self._boards[address] = b  # newest last
+            stale = list(self._boards.values())[: -self._max] if self._max > 0 else []
+            for old in stale:
+                del self._boards[old.found.address]
+        for old in stale:
+            old.close()
+        return b
+
+    def close(self) -> None:
+        with self._lock:
+            boards, self._boards = list(self._boards.values()), {}
+        for b in boards:
+            b.close()

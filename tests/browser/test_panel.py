@@ -1,0 +1,87 @@
+"""JupyterLab's Pathways panel in a real browser, on a real cluster.
+
+A ``pw.LocalCluster`` runs in this process; JupyterLab starts as ``pathways-nb lab``
+starts it, with ``$PATHWAYS_ADDRESS`` naming the cluster. The panel must find the
+cluster, show its status tables and placement map, draw one timeline bar per program
+and transfer run after it opened, follow a slice's release, and say clearly when an
+address has no cluster behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _lab import ARTIFACTS, browser_page, lab_server
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb.lab import lab_arguments
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[pw.LocalCluster]:
+    with pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def lab(cluster: pw.LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("panel")
+    log = tmp_path_factory.mktemp("panel-log") / "server.log"
+    with lab_server(
+        root, log, lab_arguments(), {"PATHWAYS_ADDRESS": cluster.scheduler_address}
+    ) as url:
+        yield url
+
+
+def _count(page: Any, selector: str, n: int) -> None:
+    page.wait_for_function(
+        f"document.querySelectorAll({selector!r}).length === {n}", timeout=60_000
+    )
+
+
+def test_the_panel_follows_a_cluster(cluster: pw.LocalCluster, lab: str) -> None:
+    with pw.Client(cluster, name="trainer") as client, browser_page() as page:
+        a = client.allocate({"x": 2}, name="enc")
+        b = client.allocate({"x": 2}, name="dec")
+        try:
+            page.goto(f"{lab}/lab", timeout=90_000)
+            page.locator("li.lm-TabBar-tab[data-id='pathways-nb-panel']").click(timeout=90_000)
+            status = page.locator(".pw-panel-status")
+            status.locator("text=2 islands, 4 devices (4 in slices)").wait_for(timeout=60_000)
+            assert cluster.scheduler_address in page.locator(".pw-panel-clusters").input_value()
+            assert "trainer" in status.inner_text() and "JupyterLab" not in status.inner_text()
+            _count(page, ".pw-panel-placement td.held", 4)
+
+            enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
+            dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
+            x = a.put(np.ones((4, 4), np.float32), P("x"))
+            for _ in range(3):
+                float(dec(enc(x)))
+            _count(page, ".pw-panel-timeline svg rect.program", 6)
+            _count(page, ".pw-panel-timeline svg rect.transfer", 3)
+            page.locator(".pw-panel-placement td.held >> text=encode").first.wait_for()
+
+            b.release()
+            _count(page, ".pw-panel-placement td.held", 2)
+            status.locator("text=(2 in slices), 1 slices").wait_for(timeout=60_000)
+
+            page.fill(".pw-panel-address", "tcp://127.0.0.1:1")
+            page.press(".pw-panel-address", "Enter")
+            page.locator(
+                ".pw-panel-message.pw-panel-error >> text=cannot show the cluster at "
+                "tcp://127.0.0.1:1"
+            ).wait_for(timeout=60_000)
+            page.select_option(".pw-panel-clusters", cluster.scheduler_address)
+            page.wait_for_function(
+                "!document.querySelector('.pw-panel-message').classList.contains('pw-panel-error')",
+                timeout=60_000,
+            )
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "lab-panel.png"), full_page=True)

@@ -1,0 +1,213 @@
+"""JupyterLab's Pathways panel, its server half: the boards it draws from, the clusters
+it offers and the addresses it accepts (an in-process cluster; the browser half is in
+tests/browser/test_panel.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb.lab import lab_arguments
+from pathways_nb.lab._boards import Board, Boards, Found, check_address, local_clusters
+
+
+def _ran(client: pw.Client) -> None:
+    a = client.allocate({"x": 2}, name="enc")
+    b = client.allocate({"x": 2}, name="dec")
+    enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
+    dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
+    x = a.put(np.ones((4, 4), np.float32), P("x"))
+    for _ in range(3):
+        float(dec(enc(x)))
+    client.wait_all()
+
+
+def test_a_board_shows_status_placement_and_timeline(cluster: pw.InProcessCluster) -> None:
+    user = cluster.client()
+    panels: list[pw.Client] = []
+
+    def connect(found: Found) -> pw.Client:
+        panels.append(cluster.client(name="JupyterLab", observer=True))
+        return panels[-1]
+
+    try:
+        _ran(user)
+        board = Board(Found("tcp://127.0.0.1:8786", "given"), connect)
+        snap = board.snapshot()
+        assert "error" not in snap, snap.get("error")
+        assert snap["summary"] == user.status().summary
+        assert "1 tenants" in snap["summary"] and "JupyterLab" not in snap["html"]
+        assert "<td>enc</td>" in snap["html"] and "<td>dec</td>" in snap["html"]
+        # The newest events are every tenant's: the user's programs, not the panel's none.
+        assert "<td>decode</td>" in snap["html"].split("latest events")[1]
+        held = {(d["island"], d["device"]): d for d in snap["devices"] if d["slice"]}
+        assert {d["slice"] for d in held.values()} == {"enc", "dec"} and len(held) == 4
+        assert {d["program"] for d in held.values()} == {"encode", "decode"}
+        # The cluster's last 30 s, every tenant's (earlier tests' too): the user's part.
+        mine = [r for r in snap["rows"] if r["tenant"] == user.tenant]
+        kinds = [r["kind"] for r in mine]
+        assert kinds.count("program") == 6 and kinds.count("transfer") == 3
+        assert {r["lane"] for r in mine} <= set(snap["lanes"]) and snap["span_ms"] > 0
+        json.dumps(snap)  # what the handler sends
+
+        # Only what is new crosses the wire; a second look keeps the rows drawn.
+        again = board.snapshot()
+        assert len(again["rows"]) == len(snap["rows"]) and len(panels) == 1
+    finally:
+        for c in [user, *panels]:
+            c.close()
+
+
+def test_a_board_reports_a_cluster_it_cannot_reach_and_tries_again() -> None:
+    calls = []
+
+    def connect(found: Found) -> pw.Client:
+        calls.append(found.address)
+        raise ConnectionRefusedError(f"nothing listens at {found.address}")
+
+    board = Board(Found("tcp://127.0.0.1:1", "given"), connect)
+    snap = board.snapshot()
+    assert snap["error"].startswith("cannot show the cluster at tcp://127.0.0.1:1:")
+    assert "ConnectionRefusedError: nothing listens" in snap["error"]
+    board.snapshot()
+    assert calls == ["tcp://127.0.0.1:1"] * 2
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("tcp://10.0.0.5:8786", "tcp://10.0.0.5:8786"),
+        (" 127.0.0.1:8786 ", "tcp://127.0.0.1:8786"),
+        ("tls://scheduler:8786", "tls://scheduler:8786"),
+    ],
+)
+def test_addresses_the_panel_accepts(given: str, expected: str) -> None:
+    assert check_address(given) == expected
+
+
+@pytest.mark.parametrize("given", ["", "nonsense", "http://h:1", "tcp://h:port", None, 8786])
+def test_addresses_the_panel_refuses_say_what_it_takes(given: object) -> None:
+    with pytest.raises(ValueError, match=r"tcp://"):
+        check_address(given)
+
+
+def test_local_clusters_are_found_by_their_scheduler_files(tmp_path: Path) -> None:
+    def cluster_dir(name: str, body: str, mtime: float) -> None:
+        d = tmp_path / f"pathways-cluster-{name}"
+        d.mkdir()
+        (d / "scheduler.json").write_text(body)
+        os.utime(d / "scheduler.json", (mtime, mtime))
+
+    cluster_dir("old", json.dumps({"address": "tcp://127.0.0.1:1001"}), 1000.0)
+    cluster_dir("new", json.dumps({"address": "tcp://127.0.0.1:1002"}), 2000.0)
+    cluster_dir("half", '{"addr', 3000.0)  # being written
+    cluster_dir("odd", json.dumps({"address": 5}), 3000.0)
+    found = local_clusters(str(tmp_path))
+    assert [f.address for f in found] == ["tcp://127.0.0.1:1002", "tcp://127.0.0.1:1001"]
+    assert all(f.source == "local" for f in found)
+
+
+def test_boards_offer_configured_then_local_clusters_and_keep_a_bounded_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "pathways-cluster-a"
+    d.mkdir()
+    (d / "scheduler.json").write_text(json.dumps({"address": "tcp://127.0.0.1:1002"}))
+    monkeypatch.setenv("PATHWAYS_ADDRESS", "127.0.0.1:1003")
+    closed = []
+
+    class Fake:
+        def __init__(self, address: str) -> None:
+            self.address = address
+
+        def close(self) -> None:
+            closed.append(self.address)
+
+    boards = Boards(
+        ["tcp://127.0.0.1:1001"], connect=lambda f: Fake(f.address), tmp=str(tmp_path), max_boards=2
+    )  # type: ignore[arg-type,return-value]
+    assert [(f.address, f.source) for f in boards.found()] == [
+        ("tcp://127.0.0.1:1001", "configured"),
+        ("tcp://127.0.0.1:1003", "configured"),
+        ("tcp://127.0.0.1:1002", "local"),
+    ]
+    assert boards.problems == []
+    assert boards.board("127.0.0.1:1002").found.source == "local"
+    assert boards.board("tcp://127.0.0.1:1002") is boards.board("127.0.0.1:1002")
+    for port in (1004, 1005):
+        b = boards.board(f"tcp://127.0.0.1:{port}")
+        b.snapshot()  # connects (and fails to read a status from the fake: an error shown)
+    assert boards.board("tcp://127.0.0.1:1005").found.source == "given"
+    # A client that fails is closed, and the board shows why.
+    assert closed == ["tcp://127.0.0.1:1004", "tcp://127.0.0.1:1005"]
+    assert "AttributeError" in boards.board("tcp://127.0.0.1:1005").snapshot()["error"]
+    with pytest.raises(ValueError, match="got 'nonsense'"):
+        boards.board("nonsense")
+    boards.close()
+
+    # Addresses that are not one are skipped and said, not fatal to the server.
+    monkeypatch.setenv("PATHWAYS_ADDRESS", "http://x")
+    odd = Boards(["tcp://127.0.0.1:1001", "nowhere"], tmp=str(tmp_path))
+    assert [f.address for f in odd.found()] == ["tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002"]
+    assert [p.split(":")[0] for p in odd.problems] == ["configured", "PATHWAYS_ADDRESS"]
+    assert "got 'http://x'" in odd.problems[1]
+
+
+def test_pathways_nb_lab_loads_both_halves_from_this_install() -> None:
+    args = lab_arguments()
+    assert "--ServerApp.jpserver_extensions=pathways_nb.lab=True" in args
+    path = Path(args[1].split("=", 1)[1])
+    built = json.loads((path / "pathways-nb-lab" / "package.json").read_text())
+    remote = path / "pathways-nb-lab" / built["jupyterlab"]["_build"]["load"]
+    assert remote.is_file()
+
+
+def test_an_observer_reads_status_and_events_and_nothing_else(
+    cluster: pw.InProcessCluster,
+) -> None:
+    user = cluster.client(name="trainer")
+    watcher = cluster.client(name="dashboard", observer=True)
+    try:
+        _ran(user)
+        assert pw.Client.current() is user  # an observer never becomes current
+        status = watcher.status()
+        assert [r[1] for r in status.rows["tenants"]] == ["trainer"]
+        assert "1 tenants" in status.summary
+        names = {e[4] for e in watcher.event_rows(0, all_tenants=True).rows}
+        assert {"encode", "decode"} <= names
+        # It runs nothing: no event of the log is its own, not even its joining.
+        assert all(e[2] != watcher.tenant for e in watcher.event_rows(0, all_tenants=True).rows)
+        with pytest.raises(pw.ClosedError, match=r"observes only .*observer=True"):
+            watcher.allocate({"x": 2})
+        # A raw request past the client's own check: the controller refuses it too,
+        # and both clients go on.
+        with pytest.raises(pw.PathwaysError, match="'allocate' is refused: this client observes"):
+            watcher._ask({"t": "allocate", "mesh": [["x", 2]], "name": None})
+        assert watcher.status().summary == status.summary
+        user.status()
+        with pytest.raises(TypeError, match="observer is True or False"):
+            pw.Client(cluster, observer="yes")  # type: ignore[arg-type]
+    finally:
+        watcher.close()
+        user.close()
+
+
+def test_the_pathways_nb_lab_command_starts_jupyter_lab() -> None:
+    import jupyterlab
+
+    cli = [sys.executable, "-m", "pathways_nb.deploy._cli"]
+    out = subprocess.run([*cli, "lab", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == jupyterlab.__version__
+    # Other commands still refuse arguments they do not take.
+    bad = subprocess.run([*cli, "demo", "--bogus"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
