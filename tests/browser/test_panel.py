@@ -4,7 +4,7 @@ A ``pw.LocalCluster`` runs in this process; JupyterLab starts as ``pathways-nb l
 starts it, with ``$PATHWAYS_ADDRESS`` naming the cluster. The panel must find the
 cluster, show its status tables and placement map, draw one timeline bar per program
 and transfer run after it opened, follow a slice's release, and say clearly when an
-address has no cluster behind it.
+address has no cluster behind it; and stay open when the page reloads.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
-// pathways_nb's JupyterLab extension: the Pathways side panel in the left sidebar.
-import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+// pathways_nb's JupyterLab extension: the Pathways side panel in the left sidebar, kept
+// open across reloads, and a command (in the palette) that shows it.
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { PathwaysPanel } from './panel';
 
@@ -14,14 +20,28 @@ const icon = new LabIcon({
     '<rect x="9" y="9" width="6" height="6" rx="1" fill-opacity="0.4"/></g></svg>'
 });
 
+const OPEN = 'pathways-nb:open-panel';
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'pathways-nb-lab:panel',
-  description: 'A side panel showing a pathways_nb cluster: status, placement, timeline.',
+  description: 'A side panel showing a pathways_nb cluster: placement, timeline, status.',
   autoStart: true,
-  activate: (app: JupyterFrontEnd) => {
+  optional: [ILayoutRestorer, ICommandPalette],
+  activate: (
+    app: JupyterFrontEnd,
+    restorer: ILayoutRestorer | null,
+    palette: ICommandPalette | null
+  ) => {
     const panel = new PathwaysPanel();
     panel.title.icon = icon;
     app.shell.add(panel, 'left', { rank: 600 });
+    restorer?.add(panel, panel.id);
+    app.commands.addCommand(OPEN, {
+      label: 'Show the Pathways panel',
+      caption: 'A pathways_nb cluster: placement, timeline and status tables',
+      execute: () => app.shell.activateById(panel.id)
+    });
+    palette?.addItem({ command: OPEN, category: 'Pathways' });
   }
 };
 
