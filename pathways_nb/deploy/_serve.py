@@ -9,7 +9,6 @@ processes watch this one, so even a SIGKILL of it leaves no orphans.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -121,17 +120,13 @@ def read_address(address: str | None, scheduler_file: str | None) -> str:
 def status_report(address: str, as_json: bool = False, timeout: float = 10.0) -> str:
     """The cluster's islands, slices and tenants, as text or JSON (the snapshot's rows).
 
-    Connecting makes this command a tenant for the moment it looks; the report leaves it
-    out.
+    It looks as an observer: no tenant joins, and the event log does not see it come.
     """
     from pathways_nb.client import Client
 
-    with Client(address, name="pathways-nb status", timeout=timeout) as client:
-        me = client.tenant
-        snapshot = client.status()
-    col = snapshot.COLUMNS["tenants"].index("tenant")
-    rows = dict(snapshot.rows, tenants=[r for r in snapshot.rows["tenants"] if r[col] != me])
-    s = dataclasses.replace(snapshot, rows=rows, _frames={})
+    with Client(address, name="pathways-nb status", timeout=timeout, observer=True) as client:
+        s = client.status()
+    rows = s.rows
     if as_json:
         tables = {
             name: [dict(zip(s.COLUMNS[name], r, strict=True)) for r in table]
