@@ -251,5 +251,15 @@ def test_a_slice_with_explicit_axes_traces_shardings_in_types_as_jax_does(
         client.allocate({"data": 2}, axis_types=("explicit", "auto"))
     with pytest.raises(ValueError, match="or their names: 'auto', 'explicit', 'manual'"):
         client.allocate({"data": 2}, axis_types="sideways")
+    # The status tables show each slice's axis types, every tenant's.
+    types = client.status().slices.set_index("slice")["axis_types"]
+    assert types[vs.id] == "Explicit" and types[auto.id] == "Auto"
+    two = client.allocate({"a": 1, "b": 2}, axis_types=("explicit", "auto"))
+    assert client.status().slices.set_index("slice")["axis_types"][two.id] == "Explicit, Auto"
+    # The controller checks what a hand-made allocate names.
+    for types_, why in ((["Sideways"], "axis types among"), (["Auto"] * 2, "one type per mesh")):
+        with pytest.raises((TypeError, ValueError), match=why):
+            client._ask({"t": "allocate", "mesh": [["x", 2]], "name": None, "axis_types": types_})
+    two.release()
     vs.release()
     auto.release()

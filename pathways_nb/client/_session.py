@@ -301,7 +301,14 @@ class Client(ArrayIO):
         if name is not None and not isinstance(name, str):
             raise TypeError(f"a slice's name is a string (or None); got {type(name).__name__}")
         try:
-            h = self._ask({"t": "allocate", "mesh": encode_mesh(shape), "name": name})
+            h = self._ask(
+                {
+                    "t": "allocate",
+                    "mesh": encode_mesh(shape),
+                    "name": name,
+                    "axis_types": [t.name for t in types],
+                }
+            )
         except BusyError as exc:
             others = [c for c in list(_OPEN) if c is not self and not c.closed]
             held = {

@@ -24,7 +24,19 @@ ISLAND_COLUMNS = (
     "store_limit",
 )
 DEVICE_COLUMNS = ("island", "host", "device", "slice")
-SLICE_COLUMNS = ("slice", "name", "tenant", "mesh", "island", "host", "devices", "state")
+SLICE_COLUMNS = (
+    "slice",
+    "name",
+    "tenant",
+    "mesh",
+    # Its axes' jax.sharding.AxisType: "Auto", "Explicit" or "Manual" for all of them, or
+    # one per axis, comma-separated.
+    "axis_types",
+    "island",
+    "host",
+    "devices",
+    "state",
+)
 TENANT_COLUMNS = (
     "tenant",
     "name",
@@ -203,10 +215,21 @@ def tables(s: dict[str, Any]) -> dict[str, list[Any]]:
     return {
         "islands": islands,
         "devices": devices,
-        "slices": [[x[c] for c in SLICE_COLUMNS] for x in s["slices"]],
+        "slices": [
+            [_axis_types(x.get(c)) if c == "axis_types" else x[c] for c in SLICE_COLUMNS]
+            for x in s["slices"]
+        ],
         "tenants": [[x[c] for c in TENANT_COLUMNS] for x in s["tenants"]],
         "events": list(s.get("events") or []),
     }
+
+
+def _axis_types(names: Any) -> str:
+    """A slice's axis types as one word where all are the same ("Auto" where unknown)."""
+    names = list(names or ())
+    if not names:
+        return "Auto"
+    return names[0] if len(set(names)) == 1 else ", ".join(names)
 
 
 def summary_line(

@@ -79,7 +79,12 @@ class ClientRequests:
 
     def _c_allocate(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         mesh = validate_mesh_shape(decode_mesh(h["mesh"]))
-        s = self.rm.allocate(t.tenant, mesh, h.get("name"), self.config.tenant_max_devices)
+        types = axis_type_names(h.get("axis_types"))
+        if types and len(types) != len(mesh):
+            raise ValueError(
+                f"axis_types gives one type per mesh axis ({len(mesh)}); got {types!r}"
+            )
+        s = self.rm.allocate(t.tenant, mesh, h.get("name"), self.config.tenant_max_devices, types)
         self._slice_handles[s.slice] = set()
         host = self.rm.hosts[s.host]
         self.events.add(

@@ -43,6 +43,8 @@ class SliceInfo:
     host: str
     devices: list[int]
     state: str = "active"  # active | released | lost
+    # The mesh axes' jax.sharding.AxisType names, as the client allocated them.
+    axis_types: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -51,7 +53,12 @@ class SliceInfo:
     def to_dict(self) -> dict[str, Any]:
         # Shallow copies: dataclasses.asdict deep-copies field by field, and status
         # snapshots build one per slice on the controller thread.
-        return {**vars(self), "mesh": dict(self.mesh), "devices": list(self.devices)}
+        return {
+            **vars(self),
+            "mesh": dict(self.mesh),
+            "devices": list(self.devices),
+            "axis_types": list(self.axis_types),
+        }
 
 
 class ResourceManager:
@@ -136,9 +143,15 @@ class ResourceManager:
         return ids
 
     def allocate(
-        self, tenant: int, mesh: dict[str, int], name: str | None, max_devices: int = 0
+        self,
+        tenant: int,
+        mesh: dict[str, int],
+        name: str | None,
+        max_devices: int = 0,
+        axis_types: list[str] | None = None,
     ) -> SliceInfo:
-        """Place a virtual slice of shape ``mesh`` on free devices of one island.
+        """Place a virtual slice of shape ``mesh`` on free devices of one island
+        (``axis_types``: its axes' AxisType names, for the status tables).
 
         Slices spread: among the islands with room, the one holding the fewest active
         slices wins, then the one with the most free devices. ``max_devices`` (0: none)
@@ -183,6 +196,7 @@ class ResourceManager:
             island=info.island,
             host=host,
             devices=free_ids,
+            axis_types=list(axis_types or ()),
         )
         self.slices[sid] = s
         return s

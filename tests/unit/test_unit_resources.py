@@ -225,6 +225,7 @@ def test_snapshot_lists_hosts_with_used_devices_and_unreleased_slices() -> None:
         "host": "a",
         "devices": [0, 1],
         "state": "active",
+        "axis_types": [],
     }
     assert snap["slices"][1]["state"] == "lost"
 
