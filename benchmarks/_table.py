@@ -200,7 +200,7 @@ def _mpmd(r: dict[str, Any]) -> list[Row]:
 
 def _widgets(r: dict[str, Any]) -> list[Row]:
     p, w = r["plain_steps_per_s"]["median"], r["with_widgets_steps_per_s"]["median"]
-    return [
+    rows = [
         (
             "training with live widgets open (steps/s)",
             f"without {_fmt(p)}",
@@ -209,6 +209,17 @@ def _widgets(r: dict[str, Any]) -> list[Row]:
             "≥ 0.98x",
         )
     ]
+    if "panel_ratio" in r:
+        rows.append(
+            (
+                "training with the JupyterLab panel open (steps/s)",
+                f"without {_fmt(p)}",
+                _fmt(r["with_panel_steps_per_s"]["median"]),
+                f"{r['panel_ratio']:.2f}x",
+                "≥ 0.98x",
+            )
+        )
+    return rows
 
 
 def _memory(r: dict[str, Any]) -> list[Row]:

@@ -29,8 +29,8 @@ from pathways_nb.viz import PlacementRows, TimelineRows, status_html
 # pw.LocalCluster keeps its scheduler file here while it runs (see deploy/_local.py).
 LOCAL_PATTERN = "pathways-cluster-*/scheduler.json"
 # How much of the event log the panel's timeline draws.
-TIMELINE_SECONDS = 30.0
-TIMELINE_ROWS = 2000
+TIMELINE_SECONDS = 10.0
+TIMELINE_ROWS = 1000
 # The status tables show the newest events of every tenant, as many as a status has.
 NEWEST_EVENTS = 20
 

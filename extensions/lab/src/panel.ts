@@ -87,7 +87,7 @@ export class PathwaysPanel extends Widget {
       this.message,
       h('placement'),
       this.placement,
-      h('timeline: the last 30 s'),
+      h('timeline: the last 10 s'),
       this.timeline,
       this.status
     );
