@@ -211,3 +211,20 @@ def test_the_pathways_nb_lab_command_starts_jupyter_lab() -> None:
     # Other commands still refuse arguments they do not take.
     bad = subprocess.run([*cli, "demo", "--bogus"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
+
+
+def test_the_server_extension_loads_jax_only_when_a_panel_asks() -> None:
+    code = (
+        "import sys, types, logging\n"
+        "import tornado.web\n"
+        "import pathways_nb.lab as lab\n"
+        "app = tornado.web.Application(base_url='/')\n"
+        "server = types.SimpleNamespace(web_app=app, log=logging.getLogger('x'))\n"
+        "lab._load_jupyter_server_extension(server)\n"
+        "print(sorted(m for m in ('jax', 'pandas', 'pathways_nb.client') if m in sys.modules))\n"
+        "boards = app.settings['pathways_nb_boards'].get()\n"
+        "print(type(boards).__name__, 'jax' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "Boards True"]

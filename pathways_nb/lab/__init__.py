@@ -13,7 +13,6 @@ Elsewhere, ``jupyter server extension enable pathways_nb.lab`` enables the serve
 
 from __future__ import annotations
 
-import atexit
 import pathlib
 from typing import Any
 
@@ -30,14 +29,9 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from pathways_nb.lab._boards import Boards
-    from pathways_nb.lab._handlers import setup_handlers
+    from pathways_nb.lab._handlers import LazyBoards, setup_handlers
 
-    boards = Boards()
-    for problem in boards.problems:
-        serverapp.log.warning("pathways_nb.lab: %s", problem)
-    atexit.register(boards.close)
-    setup_handlers(serverapp.web_app, boards)
+    setup_handlers(serverapp.web_app, LazyBoards(serverapp.log.warning))
     serverapp.log.info("pathways_nb.lab: the Pathways panel's endpoints are under /pathways-nb/")
 
 

@@ -3,31 +3,59 @@
 
 ``GET clusters`` lists the clusters to offer; ``GET board?address=...`` returns what
 the panel draws for one of them. A board's refresh talks to the cluster, so it runs on
-a small thread pool of its own, never on the server's event loop.
+a small thread pool of its own, never on the server's event loop. The boards, and with
+them the client and JAX, are imported when a panel first asks: a server whose panel
+stays closed never loads them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pathways_nb.lab._boards import Boards
+if TYPE_CHECKING:
+    from pathways_nb.lab._boards import Boards
 
 ROUTE = "pathways-nb"
 SETTINGS_KEY = "pathways_nb_boards"
+T = TypeVar("T")
+
+
+class LazyBoards:
+    """The server's :class:`Boards`, made on first use (from a handler's thread)."""
+
+    def __init__(self, warn: Callable[[str], None]) -> None:
+        self._warn = warn
+        self._lock = threading.Lock()
+        self._boards: Boards | None = None
+
+    def get(self) -> Boards:
+        with self._lock:
+            if self._boards is None:
+                from pathways_nb.lab._boards import Boards
+
+                self._boards = Boards()
+                for problem in self._boards.problems:
+                    self._warn(f"pathways_nb.lab: {problem}")
+                atexit.register(self._boards.close)
+            return self._boards
 
 
 class _Handler(APIHandler):
-    @property
-    def boards(self) -> Boards:
-        boards: Boards = self.settings[SETTINGS_KEY]
-        return boards
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-panel")
+
+    async def _off_loop(self, fn: Callable[[Boards], T]) -> T:
+        lazy: LazyBoards = self.settings[SETTINGS_KEY]
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(lazy.get()))
 
     def _reply(self, body: dict[str, Any], status: int = 200) -> None:
         self.set_status(status)
@@ -37,29 +65,30 @@ class _Handler(APIHandler):
 
 class ClustersHandler(_Handler):
     @tornado.web.authenticated
-    def get(self) -> None:
-        boards = self.boards
-        self._reply(
-            {"clusters": [f.to_dict() for f in boards.found()], "problems": boards.problems}
-        )
+    async def get(self) -> None:
+        def found(boards: Boards) -> dict[str, Any]:
+            return {"clusters": [f.to_dict() for f in boards.found()], "problems": boards.problems}
+
+        self._reply(await self._off_loop(found))
 
 
 class BoardHandler(_Handler):
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-panel")
-
     @tornado.web.authenticated
     async def get(self) -> None:
         address = self.get_query_argument("address", "")
-        try:
-            board = self.boards.board(address)
-        except ValueError as exc:
-            self._reply({"address": address, "error": str(exc)}, 400)
-            return
-        snap = await asyncio.get_running_loop().run_in_executor(self.pool, board.snapshot)
-        self._reply(snap)
+
+        def snapshot(boards: Boards) -> dict[str, Any]:
+            try:
+                board = boards.board(address)
+            except ValueError as exc:
+                return {"address": address, "error": str(exc), "status": 400}
+            return board.snapshot()
+
+        snap = await self._off_loop(snapshot)
+        self._reply(snap, snap.pop("status", 200))
 
 
-def setup_handlers(web_app: Any, boards: Boards) -> None:
+def setup_handlers(web_app: Any, boards: LazyBoards) -> None:
     """Add the panel's endpoints to a Jupyter server's tornado application."""
     web_app.settings[SETTINGS_KEY] = boards
     base = web_app.settings["base_url"]

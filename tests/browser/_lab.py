@@ -48,6 +48,8 @@ def lab_server(
         f"--ServerApp.root_dir={root}",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # A workspace of its own: the layout one run leaves (a panel open) is not the next's.
+        f"--LabApp.workspaces_dir={log_path.parent / 'workspaces'}",
         *extra,
     ]
     with open(log_path, "wb") as log:
