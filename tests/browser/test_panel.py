@@ -60,19 +60,29 @@ def test_the_panel_follows_a_cluster(cluster: pw.LocalCluster, lab: str) -> None
             status.locator("text=2 islands, 4 devices (4 in slices)").wait_for(timeout=60_000)
             assert cluster.scheduler_address in page.locator(".pw-panel-clusters").input_value()
             assert "trainer" in status.inner_text() and "JupyterLab" not in status.inner_text()
-            _count(page, ".pw-panel-placement td.held", 4)
+            _count(page, "#pathways-nb-panel .pw-panel-placement td.held", 4)
 
             enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
             dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
             x = a.put(np.ones((4, 4), np.float32), P("x"))
             for _ in range(3):
                 float(dec(enc(x)))
-            _count(page, ".pw-panel-timeline svg rect.program", 6)
-            _count(page, ".pw-panel-timeline svg rect.transfer", 3)
-            page.locator(".pw-panel-placement td.held >> text=encode").first.wait_for()
+            _count(page, "#pathways-nb-panel .pw-panel-timeline svg rect.program", 6)
+            _count(page, "#pathways-nb-panel .pw-panel-timeline svg rect.transfer", 3)
+            page.locator(
+                "#pathways-nb-panel .pw-panel-placement td.held >> text=encode"
+            ).first.wait_for()
+
+            # The same board at the main area's width, in a tab of its own.
+            page.click(".pw-panel-open-tab")
+            tab = page.locator(".pw-timeline-tab")
+            tab.locator(".pw-panel-timeline svg rect.program").first.wait_for(timeout=60_000)
+            assert tab.locator(".pw-panel-placement td.held").count() == 4
+            width = float(tab.locator(".pw-panel-timeline svg").get_attribute("width") or 0)
+            assert width > 900  # drawn at the tab's width, wider than the sidebar
 
             b.release()
-            _count(page, ".pw-panel-placement td.held", 2)
+            _count(page, "#pathways-nb-panel .pw-panel-placement td.held", 2)
             status.locator("text=(2 in slices), 1 slices").wait_for(timeout=60_000)
 
             page.fill(".pw-panel-address", "tcp://127.0.0.1:1")

@@ -5,9 +5,10 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { PathwaysPanel } from './panel';
+import { TimelineTab } from './timeline_tab';
 
 // Four devices, two held by a slice: drawn inline, so no network is needed.
 const icon = new LabIcon({
@@ -32,7 +33,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer: ILayoutRestorer | null,
     palette: ICommandPalette | null
   ) => {
-    const panel = new PathwaysPanel();
+    const openTab = (address: string) => {
+      const content = new TimelineTab(address);
+      const tab = new MainAreaWidget({ content });
+      tab.title.label = content.title.label;
+      tab.title.caption = content.title.caption;
+      tab.title.closable = true;
+      tab.title.icon = icon;
+      app.shell.add(tab, 'main');
+      app.shell.activateById(tab.id);
+    };
+    const panel = new PathwaysPanel(openTab);
     panel.title.icon = icon;
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, panel.id);

@@ -24,7 +24,7 @@ export interface Board {
 const BOARD_MS = 1000;
 const CLUSTERS_MS = 5000;
 
-async function getJSON<T>(path: string, query = ''): Promise<T> {
+export async function getJSON<T>(path: string, query = ''): Promise<T> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'pathways-nb', path) + query;
   const reply = await ServerConnection.makeRequest(url, {}, settings);
@@ -47,7 +47,8 @@ export class PathwaysPanel extends Widget {
   private address = '';
   private busy = false;
 
-  constructor() {
+  /** ``openTab(address)`` opens the cluster's timeline in the main area. */
+  constructor(private openTab: (address: string) => void) {
     super();
     this.id = 'pathways-nb-panel';
     this.addClass('pw-panel');
@@ -88,9 +89,19 @@ export class PathwaysPanel extends Widget {
       h('placement'),
       this.placement,
       h('timeline: the last 10 s'),
+      this.tabButton(),
       this.timeline,
       this.status
     );
+  }
+
+  private tabButton(): HTMLButtonElement {
+    const b = document.createElement('button');
+    b.className = 'pw-panel-open-tab jp-mod-styled';
+    b.textContent = 'Open in a tab';
+    b.title = "this cluster's placement and timeline at the main area's width";
+    b.onclick = () => this.address && this.openTab(this.address);
+    return b;
   }
 
   /** Show the cluster at this address from now on. */
