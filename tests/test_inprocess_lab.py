@@ -181,6 +181,7 @@ def test_an_observer_reads_status_and_events_and_nothing_else(
         assert pw.Client.current() is user  # an observer never becomes current
         status = watcher.status()
         assert [r[1] for r in status.rows["tenants"]] == ["trainer"]
+        assert "decode" in {e[4] for e in status.rows["events"]}  # every tenant's newest
         assert "1 tenants" in status.summary
         names = {e[4] for e in watcher.event_rows(0, all_tenants=True).rows}
         assert {"encode", "decode"} <= names

@@ -134,6 +134,20 @@ def test_status_and_devices_widgets(ran: pw.Client) -> None:
     assert "<table" in d._fallback_html()
 
 
+def test_an_observers_widgets_show_every_tenants_work(
+    ran: pw.Client, cluster: pw.InProcessCluster
+) -> None:
+    watcher = cluster.client(observer=True)
+    try:
+        d = DevicesWidget(watcher, live=False)
+        assert {x["program"] for x in d.devices if x["slice"]} == {"encode", "decode"}
+        t = TimelineWidget(watcher, live=False)
+        mine = [r for r in t.rows if r["tenant"] == ran.tenant]
+        assert sorted({r["name"] for r in mine if r["kind"] == "program"}) == ["decode", "encode"]
+    finally:
+        watcher.close()
+
+
 def test_graph_widget(ran: pw.Client) -> None:
     a = ran.allocate({"x": 2})
     b = ran.allocate({"x": 2})

@@ -71,7 +71,8 @@ class Client(ArrayIO):
     ``observer=True`` makes a read-only client, for dashboards: it reads
     :meth:`status` and the event log, and nothing else. It is no tenant: it holds no
     slices, takes no share of the islands, is not listed among the tenants, and never
-    becomes :meth:`current`.
+    becomes :meth:`current`. Running nothing itself, it sees every tenant's newest
+    events in :meth:`status`, and the live widgets drawn from it show every tenant's work.
     """
 
     _current: ClassVar[Client | None] = None

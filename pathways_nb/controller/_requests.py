@@ -377,8 +377,11 @@ class ClientRequests:
         snap["queued"] = stats.queued
         snap["inflight"] = stats.inflight
         snap["events_total"] = self.events.total
-        # The newest few of the client's own events, so a status snapshot shows activity.
-        snap["events"], _ = self.events.after(self.events.total - _STATUS_EVENTS, t.tenant)
+        # The newest few of the client's own events, so a status snapshot shows activity
+        # (an observer, which runs nothing, sees every tenant's).
+        snap["events"], _ = self.events.after(
+            self.events.total - _STATUS_EVENTS, None if t.observer else t.tenant
+        )
         snap["window"] = self.config.inflight_window
         snap["you"] = t.tenant
         self._reply(t, h["rid"], status=snap)

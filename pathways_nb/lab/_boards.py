@@ -10,7 +10,6 @@ same cluster take turns on its client.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import glob
@@ -31,8 +30,6 @@ LOCAL_PATTERN = "pathways-cluster-*/scheduler.json"
 # How much of the event log the panel's timeline draws.
 TIMELINE_SECONDS = 10.0
 TIMELINE_ROWS = 1000
-# The status tables show the newest events of every tenant, as many as a status has.
-NEWEST_EVENTS = 20
 
 
 @dataclass(frozen=True)
@@ -95,7 +92,6 @@ class Board:
         self._client: Client | None = None
         self._placement = PlacementRows()
         self._cursor = 0  # the placement map's place in the event log
-        self._newest: collections.deque[list[Any]] = collections.deque(maxlen=NEWEST_EVENTS)
         self._timeline = TimelineRows(TIMELINE_SECONDS, TIMELINE_ROWS)
 
     def snapshot(self) -> dict[str, Any]:
@@ -107,14 +103,12 @@ class Board:
                 if self._client is None:
                     self._client = self._connect(self.found)
                     self._placement, self._cursor = PlacementRows(), 0
-                    self._newest.clear()
                     self._timeline = TimelineRows(TIMELINE_SECONDS, TIMELINE_ROWS)
                 client = self._client
                 s = client.status()
                 # A view of the whole cluster: every tenant's programs.
                 events, self._cursor = client.event_rows(self._cursor, all_tenants=True)
                 devices = self._placement.rows(s, events)
-                self._newest.extend(events)
                 self._timeline.update(functools.partial(client.event_rows, all_tenants=True))
             except Exception as exc:  # shown in the panel; the next poll connects again
                 self._drop_client()
@@ -122,7 +116,7 @@ class Board:
             return {
                 "address": self.found.address,
                 "summary": s.summary,
-                "html": status_html(s, list(self._newest)),
+                "html": status_html(s),
                 "devices": devices,
                 "rows": self._timeline.rows,
                 "lanes": self._timeline.lanes,

@@ -17,14 +17,13 @@ from pathways_nb.client import EventRows, Status
 from pathways_nb.viz._timeline import Tracker
 
 
-def status_html(s: Status, events: Sequence[Sequence[Any]] | None = None) -> str:
+def status_html(s: Status) -> str:
     """The status snapshot as HTML tables: the summary, the quotas, then islands,
-    devices, slices, tenants and the newest events (the snapshot's own, which are the
-    client's, unless ``events`` gives others, as event-log rows)."""
+    devices, slices, tenants and the newest events."""
     # Straight from the snapshot's rows: its DataFrames (never built here) and their
     # to_html would cost the caller ten times as much, every refresh.
     t = s.rows
-    events = [[clock(e[0]), *e[1:]] for e in (t["events"] if events is None else events)]
+    events = [[clock(e[0]), *e[1:]] for e in t["events"]]
     parts = [f"<p><b>{html.escape(s.summary)}</b></p>"]
     if s.quota_line:
         parts.append(f"<p>{html.escape(s.quota_line)}</p>")

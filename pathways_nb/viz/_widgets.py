@@ -21,7 +21,7 @@ import anywidget
 import pandas as pd
 import traitlets
 
-from pathways_nb.client import Client, DataflowGraph
+from pathways_nb.client import Client, DataflowGraph, EventRows
 from pathways_nb.viz._svg import timeline_svg
 from pathways_nb.viz._views import PlacementRows, TimelineRows, status_html
 
@@ -79,6 +79,10 @@ class _Live(anywidget.AnyWidget):
         if live:
             self._refresher.start()
 
+    def _event_rows(self, after: int, since: float = 0.0) -> EventRows:
+        # An observer runs nothing of its own: its views show every tenant's work.
+        return self._client.event_rows(after, since, all_tenants=self._client.observer)
+
     def refresh(self) -> None:
         """Pull the client's latest state into the synced traits; each widget draws its own."""
         raise NotImplementedError(f"{type(self).__name__} must define refresh()")
@@ -130,7 +134,7 @@ class TimelineWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        if not self._timeline.update(self._client.event_rows):
+        if not self._timeline.update(self._event_rows):
             return
         self.rows = self._timeline.rows
         self.lanes = self._timeline.lanes
@@ -233,7 +237,7 @@ class DevicesWidget(_Live):
 
     def refresh(self) -> None:
         s = self._client.status()
-        ev, self._cursor = self._client.event_rows(self._cursor)
+        ev, self._cursor = self._event_rows(self._cursor)
         self.devices = self._placement.rows(s, ev)
         self.updated = time.time()
 
