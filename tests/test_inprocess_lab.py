@@ -229,3 +229,18 @@ def test_the_server_extension_loads_jax_only_when_a_panel_asks() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[]", "Boards True"]
+
+
+def test_pathways_nb_lab_without_jupyterlab_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from pathways_nb.deploy._cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real(name)
+    )
+    assert main(["lab"]) == 1
+    assert "pip install 'pathways_nb[lab]'" in capsys.readouterr().err

@@ -66,10 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "lab":
+        import importlib.util
         import os
 
         from pathways_nb.lab import lab_arguments
 
+        if importlib.util.find_spec("jupyterlab") is None:
+            print(
+                "pathways-nb lab: JupyterLab is not installed in this environment "
+                f"({sys.executable}); install it with `pip install 'pathways_nb[lab]'` "
+                "(or `pip install jupyterlab`)",
+                file=sys.stderr,
+            )
+            return 1
         command = [sys.executable, "-m", "jupyter", "lab", *lab_arguments(), *rest]
         os.execv(sys.executable, command)
     if rest:
