@@ -4,7 +4,7 @@ A ``pw.LocalCluster`` runs in this process; JupyterLab starts as ``pathways-nb l
 starts it, with ``$PATHWAYS_ADDRESS`` naming the cluster. The panel must find the
 cluster, show its status tables and placement map, draw one timeline bar per program
 and transfer run after it opened, follow a slice's release, and say clearly when an
-address has no cluster behind it; and stay open when the page reloads.
+address has no cluster behind it; and open again, with its tab, when the page reloads.
 """
 
 from __future__ import annotations
@@ -96,5 +96,10 @@ def test_the_panel_follows_a_cluster(cluster: pw.LocalCluster, lab: str) -> None
                 "!document.querySelector('.pw-panel-message').classList.contains('pw-panel-error')",
                 timeout=60_000,
             )
+
+            # JupyterLab opens the panel and the tab again when the page reloads.
+            page.reload(timeout=90_000)
+            _count(page, "#pathways-nb-panel .pw-panel-placement td.held", 2)
+            _count(page, ".pw-timeline-tab .pw-panel-placement td.held", 2)
         finally:
             page.screenshot(path=str(ARTIFACTS / "lab-panel.png"), full_page=True)

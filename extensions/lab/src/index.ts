@@ -5,7 +5,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, MainAreaWidget } from '@jupyterlab/apputils';
+import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { PathwaysPanel } from './panel';
 import { TimelineTab } from './timeline_tab';
@@ -22,6 +22,7 @@ const icon = new LabIcon({
 });
 
 const OPEN = 'pathways-nb:open-panel';
+const OPEN_TAB = 'pathways-nb:open-timeline';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'pathways-nb-lab:panel',
@@ -33,15 +34,38 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer: ILayoutRestorer | null,
     palette: ICommandPalette | null
   ) => {
+    // Open timeline tabs are tracked, so a reload opens them again.
+    const tabs = new WidgetTracker<MainAreaWidget<TimelineTab>>({ namespace: 'pathways-nb' });
+    app.commands.addCommand(OPEN_TAB, {
+      label: 'Open a Pathways timeline in a tab',
+      execute: args => {
+        const address = String(args.address ?? '');
+        const content = new TimelineTab(address);
+        const tab = new MainAreaWidget({ content });
+        tab.id = `pathways-nb-timeline-${address}`;
+        tab.title.label = content.title.label;
+        tab.title.caption = content.title.caption;
+        tab.title.closable = true;
+        tab.title.icon = icon;
+        void tabs.add(tab);
+        app.shell.add(tab, 'main');
+        app.shell.activateById(tab.id);
+      }
+    });
+    if (restorer) {
+      void restorer.restore(tabs, {
+        command: OPEN_TAB,
+        args: tab => ({ address: tab.content.address }),
+        name: tab => tab.content.address
+      });
+    }
     const openTab = (address: string) => {
-      const content = new TimelineTab(address);
-      const tab = new MainAreaWidget({ content });
-      tab.title.label = content.title.label;
-      tab.title.caption = content.title.caption;
-      tab.title.closable = true;
-      tab.title.icon = icon;
-      app.shell.add(tab, 'main');
-      app.shell.activateById(tab.id);
+      const open = tabs.find(tab => tab.content.address === address);
+      if (open) {
+        app.shell.activateById(open.id);
+      } else {
+        void app.commands.execute(OPEN_TAB, { address });
+      }
     };
     const panel = new PathwaysPanel(openTab);
     panel.title.icon = icon;
