@@ -11,7 +11,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from collections.abc import Iterator
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 
@@ -29,3 +32,17 @@ def client(cluster: pw.InProcessCluster) -> Iterator[pw.Client]:
     c = cluster.client()
     yield c
     c.close()
+
+
+@pytest.fixture
+def ran(client: pw.Client) -> pw.Client:
+    """Programs on two slices joined by a transfer, finished."""
+    a = client.allocate({"x": 2}, name="enc")
+    b = client.allocate({"x": 2}, name="dec")
+    enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
+    dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
+    x = a.put(np.ones((4, 4), np.float32), P("x"))
+    for _ in range(3):
+        float(dec(enc(x)))
+    client.wait_all()
+    return client

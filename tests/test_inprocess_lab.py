@@ -10,29 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb.lab import lab_arguments
 from pathways_nb.lab._boards import Board, Boards, Found, check_address, local_clusters
 
 
-def _ran(client: pw.Client) -> None:
-    a = client.allocate({"x": 2}, name="enc")
-    b = client.allocate({"x": 2}, name="dec")
-    enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
-    dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
-    x = a.put(np.ones((4, 4), np.float32), P("x"))
-    for _ in range(3):
-        float(dec(enc(x)))
-    client.wait_all()
-
-
-def test_a_board_shows_status_placement_and_timeline(cluster: pw.InProcessCluster) -> None:
-    user = cluster.client()
+def test_a_board_shows_status_placement_and_timeline(
+    cluster: pw.InProcessCluster, ran: pw.Client
+) -> None:
+    user = ran
     panels: list[pw.Client] = []
 
     def connect(found: Found) -> pw.Client:
@@ -40,7 +28,6 @@ def test_a_board_shows_status_placement_and_timeline(cluster: pw.InProcessCluste
         return panels[-1]
 
     try:
-        _ran(user)
         board = Board(Found("tcp://127.0.0.1:8786", "given"), connect)
         snap = board.snapshot()
         assert "error" not in snap, snap.get("error")
@@ -63,7 +50,7 @@ def test_a_board_shows_status_placement_and_timeline(cluster: pw.InProcessCluste
         again = board.snapshot()
         assert len(again["rows"]) == len(snap["rows"]) and len(panels) == 1
     finally:
-        for c in [user, *panels]:
+        for c in panels:
             c.close()
 
 
@@ -172,15 +159,14 @@ def test_pathways_nb_lab_loads_both_halves_from_this_install() -> None:
 
 
 def test_an_observer_reads_status_and_events_and_nothing_else(
-    cluster: pw.InProcessCluster,
+    cluster: pw.InProcessCluster, ran: pw.Client
 ) -> None:
-    user = cluster.client(name="trainer")
+    user = ran
     watcher = cluster.client(name="dashboard", observer=True)
     try:
-        _ran(user)
         assert pw.Client.current() is user  # an observer never becomes current
         status = watcher.status()
-        assert [r[1] for r in status.rows["tenants"]] == ["trainer"]
+        assert [r[0] for r in status.rows["tenants"]] == [user.tenant]
         assert "decode" in {e[4] for e in status.rows["events"]}  # every tenant's newest
         assert "1 tenants" in status.summary
         names = {e[4] for e in watcher.event_rows(0, all_tenants=True).rows}
@@ -199,7 +185,6 @@ def test_an_observer_reads_status_and_events_and_nothing_else(
             pw.Client(cluster, observer="yes")  # type: ignore[arg-type]
     finally:
         watcher.close()
-        user.close()
 
 
 def test_the_pathways_nb_lab_command_starts_jupyter_lab() -> None:

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -22,20 +21,6 @@ from pathways_nb.viz import (
     parse_duration,
     trace_events,
 )
-
-
-@pytest.fixture
-def ran(client: pw.Client) -> pw.Client:
-    """Programs on two slices joined by a transfer, finished."""
-    a = client.allocate({"x": 2}, name="enc")
-    b = client.allocate({"x": 2}, name="dec")
-    enc = pw.jit(lambda v: jnp.tanh(v) * 2.0, slice=a, name="encode")
-    dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
-    x = a.put(np.ones((4, 4), np.float32), P("x"))
-    for _ in range(3):
-        float(dec(enc(x)))
-    client.wait_all()
-    return client
 
 
 def test_intervals_pair_launch_start_and_end_of_programs_and_transfers(ran: pw.Client) -> None:
