@@ -181,6 +181,10 @@ def test_an_observer_reads_status_and_events_and_nothing_else(
             watcher._ask({"t": "allocate", "mesh": [["x", 2]], "name": None})
         assert watcher.status().summary == status.summary
         user.status()
+        # Nor do hosts serve it: its welcome carried no token to show them.
+        host = user.slices[0].data_address
+        with pytest.raises(pw.VersionMismatchError, match="does not prove tenant"):
+            watcher._hello_host(host)
         with pytest.raises(TypeError, match="observer is True or False"):
             pw.Client(cluster, observer="yes")  # type: ignore[arg-type]
     finally:

@@ -331,6 +331,9 @@ def test_await_gives_the_value_without_blocking_the_event_loop(client: pw.Client
     v = np.arange(8, dtype=np.float32)
     x = vs.put(v, P("data"))
     client.inject_fault(vs, match="fails_awaited")
+    # The slow program's value is 0.2 s on its way however fast the machine is, so the
+    # loop's turns meanwhile are counted on state, not on timing.
+    client.inject_fault(vs, match="slow_awaited", kind="delay:0.2")
     bad = pw.jit(lambda t: t + 1, name="fails_awaited")(x)
 
     async def main() -> tuple[Any, Any, int]:
@@ -344,7 +347,10 @@ def test_await_gives_the_value_without_blocking_the_event_loop(client: pw.Client
 
         other = asyncio.create_task(other_work())
         # A slow program: the loop keeps turning while it runs and its value arrives.
-        slow = pw.jit(lambda t: functools.reduce(lambda a, _: jnp.sin(a) + t, range(200), t))
+        slow = pw.jit(
+            lambda t: functools.reduce(lambda a, _: jnp.sin(a) + t, range(200), t),
+            name="slow_awaited",
+        )
         total, y = await asyncio.gather((x * 2).sum(), slow(x))
         with pytest.raises(pw.RemoteError, match="injected fault"):
             await bad

@@ -387,7 +387,8 @@ class Controller(ClientRequests, HostMessages):
                 "t": "welcome",
                 "rid": rid,
                 "tenant": t.tenant,
-                "token": tenant_token(self.secret, t.tenant),
+                # An observer gets no token: hosts serve it nothing either.
+                "token": "" if observer else tenant_token(self.secret, t.tenant),
                 "window": self.config.inflight_window,
                 "max_queued": self.config.max_queued_per_client,
                 "remaps": self.config.remap_lost_slices,
