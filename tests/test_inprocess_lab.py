@@ -44,6 +44,7 @@ def test_a_board_shows_status_placement_and_timeline(
         kinds = [r["kind"] for r in mine]
         assert kinds.count("program") == 6 and kinds.count("transfer") == 3
         assert {r["lane"] for r in mine} <= set(snap["lanes"]) and snap["span_ms"] > 0
+        assert snap["tenants"] == {str(user.tenant): f"tenant-{user.tenant}"}
         json.dumps(snap)  # what the handler sends
 
         # Only what is new crosses the wire; a second look keeps the rows drawn.

@@ -96,8 +96,9 @@ class Board:
 
     def snapshot(self) -> dict[str, Any]:
         """The panel's contents now: ``summary`` and ``html`` (the status tables),
-        ``devices`` (the placement map), ``rows`` and ``lanes`` (the timeline), or
-        ``error`` saying why the cluster cannot be shown."""
+        ``devices`` (the placement map), ``rows`` and ``lanes`` (the timeline),
+        ``tenants`` (their names by id, for the timeline's legend), or ``error`` saying
+        why the cluster cannot be shown."""
         with self._lock:
             try:
                 if self._client is None:
@@ -121,6 +122,8 @@ class Board:
                 "rows": self._timeline.rows,
                 "lanes": self._timeline.lanes,
                 "span_ms": self._timeline.span_ms,
+                # The timeline colours programs by tenant: the legend names them.
+                "tenants": {str(r[0]): str(r[1]) for r in s.rows["tenants"]},
                 "updated": time.time(),
             }
 

@@ -69,6 +69,11 @@ def test_the_panel_follows_a_cluster(cluster: pw.LocalCluster, lab: str) -> None
                 float(dec(enc(x)))
             _count(page, "#pathways-nb-panel .pw-panel-timeline svg rect.program", 6)
             _count(page, "#pathways-nb-panel .pw-panel-timeline svg rect.transfer", 3)
+            legend = page.locator("#pathways-nb-panel .pw-legend")
+            assert legend.locator(".pw-legend-tenant").all_inner_texts() == [
+                f"tenant {client.tenant} trainer"
+            ]
+            assert legend.locator(".pw-legend-transfer").count() == 1
             page.locator(
                 "#pathways-nb-panel .pw-panel-placement td.held >> text=encode"
             ).first.wait_for()

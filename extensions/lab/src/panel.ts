@@ -5,6 +5,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 import { table, DeviceRow } from '../../widgets/src/devices.js';
 import { draw, TimelineRow } from '../../widgets/src/timeline.js';
+import { legend } from './legend';
 
 export interface Cluster {
   address: string;
@@ -19,6 +20,7 @@ export interface Board {
   devices?: DeviceRow[];
   rows?: TimelineRow[];
   lanes?: string[];
+  tenants?: Record<string, string>;
 }
 
 const BOARD_MS = 1000;
@@ -193,6 +195,9 @@ export class PathwaysPanel extends Widget {
     this.placement.replaceChildren(table(board.devices ?? []));
     // At the panel's width (less its padding): widening the sidebar widens the timeline.
     const width = this.node.clientWidth - 20;
-    this.timeline.replaceChildren(draw(board.rows ?? [], board.lanes ?? [], width));
+    this.timeline.replaceChildren(
+      legend(board.rows ?? [], board.tenants ?? {}),
+      draw(board.rows ?? [], board.lanes ?? [], width)
+    );
   }
 }

@@ -3,6 +3,7 @@
 import { Widget } from '@lumino/widgets';
 import { table } from '../../widgets/src/devices.js';
 import { draw } from '../../widgets/src/timeline.js';
+import { legend } from './legend';
 import { Board, getJSON } from './panel';
 
 const BOARD_MS = 1000;
@@ -55,7 +56,10 @@ export class TimelineTab extends Widget {
       this.message.textContent = `${board.summary ?? ''} · the last 10 s`;
       this.placement.replaceChildren(table(board.devices ?? []));
       const width = this.node.clientWidth - 20;
-      this.timeline.replaceChildren(draw(board.rows ?? [], board.lanes ?? [], width));
+      this.timeline.replaceChildren(
+        legend(board.rows ?? [], board.tenants ?? {}),
+        draw(board.rows ?? [], board.lanes ?? [], width)
+      );
     } catch (err) {
       this.message.textContent = `cannot reach the Jupyter server: ${err}`;
     } finally {
