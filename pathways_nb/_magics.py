@@ -25,8 +25,9 @@ _USAGE = """\
 %pathways start [--islands N] [--devices N]   start the embedded local cluster (reused if running);
                 [--platform auto]             auto: the accelerators JAX finds (default: cpu,
                                               simulated devices)
-%pathways connect ADDRESS|FILE                connect to a Dask scheduler with the pathways preload,
-                                              or to the one a scheduler file names
+%pathways connect ADDRESS|FILE [--observe]    connect to a Dask scheduler with the pathways preload,
+                                              or to the one a scheduler file names; --observe:
+                                              watch it without being a tenant (no slices)
 %pathways status                              live cluster status
 %pathways devices                             live placement map: device -> slice -> program
 %pathways graph CALL                          draw the dataflow graph of CALL, e.g. step(state, x)
@@ -65,9 +66,9 @@ class Session:
         self.client = pw.Client(self.cluster)
         return self.client
 
-    def connect(self, address: str) -> pw.Client:
+    def connect(self, address: str, observer: bool = False) -> pw.Client:
         if "://" not in address and os.path.isfile(address):
-            client = pw.Client(scheduler_file=address)
+            client = pw.Client(scheduler_file=address, observer=observer)
         elif "://" not in address and (address.endswith(".json") or os.sep in address):
             raise UsageError(
                 f"no scheduler file at {address!r}: give the file `pathways-nb cluster "
@@ -75,7 +76,7 @@ class Session:
                 "scheduler's address, e.g. tcp://scheduler:8786"
             )
         else:
-            client = pw.Client(address)
+            client = pw.Client(address, observer=observer)
         # Only once the new one is connected: a connect that fails keeps the session's.
         if self.client is not None and not self.client.closed:
             self.client.close()
@@ -124,6 +125,11 @@ class PathwaysMagics(Magics):
     @argument("--last", default=None, help="timeline: a window such as 5s or 250ms")
     @argument("--static", action="store_true", help="timeline/status: draw once, no refresh")
     @argument("--slice", default=None, help="cell magic: the default slice while the cell runs")
+    @argument(
+        "--observe",
+        action="store_true",
+        help="connect: watch the cluster (status, devices, timeline) without being a tenant",
+    )
     @line_cell_magic
     def pathways(self, line: str, cell: str | None = None) -> Any:
         """Start, connect to and look at a pathways cluster; see ``%pathways?``."""
@@ -155,7 +161,7 @@ class PathwaysMagics(Magics):
                     "connect takes one address, e.g. tcp://scheduler:8786, or a scheduler "
                     "file, e.g. cluster.json (what `pathways-nb cluster --scheduler-file` writes)"
                 )
-            return s.connect(args.rest[0])
+            return s.connect(args.rest[0], observer=args.observe)
         if args.command == "status":
             return pw.viz.status(s.require(), live=not args.static)
         if args.command == "devices":

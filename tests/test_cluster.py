@@ -823,6 +823,10 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
             .summary.startswith("pathways_nb cluster: 2 islands, 4 devices")
         )
         notebook.stop()
+        # --observe: a notebook that watches the shared cluster is no tenant of it.
+        watcher = notebook.connect(info["address"], observer=True)
+        assert watcher.observer and "2 tenants" in watcher.status().summary
+        notebook.stop()
         va, vb = a.allocate({"x": 2}), b.allocate({"x": 2})
         assert va.island != vb.island
         x = np.arange(8, dtype=np.float32)
@@ -834,7 +838,7 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
         b.close()
         assert main(["status", "--scheduler-file", str(info_file), "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
-        # The status command looks as a tenant of its own and leaves itself out.
+        # The status command looks as an observer: no tenant of its own.
         assert [t["name"] for t in report["tenants"]] == ["kernel-a"]
         assert report["quotas"] == {"max_devices": 2, "store_bytes": 65536}
         assert [t["devices"] for t in report["tenants"]] == [2]
