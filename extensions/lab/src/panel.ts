@@ -1,41 +1,15 @@
 // The Pathways side panel: one cluster's status tables, placement map and live
 // timeline, polled from the Jupyter server extension (pathways_nb.lab) while visible.
-import { URLExt } from '@jupyterlab/coreutils';
-import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
-import { table, DeviceRow } from '../../widgets/src/devices.js';
-import { draw, TimelineRow } from '../../widgets/src/timeline.js';
-import { legend } from './legend';
+import { drawPictures, fetchBoard, getJSON, showError, Board } from './board';
 
 export interface Cluster {
   address: string;
   source: string;
 }
 
-export interface Board {
-  address: string;
-  error?: string;
-  summary?: string;
-  html?: string;
-  devices?: DeviceRow[];
-  rows?: TimelineRow[];
-  lanes?: string[];
-  tenants?: Record<string, string>;
-}
-
 const BOARD_MS = 1000;
 const CLUSTERS_MS = 5000;
-
-export async function getJSON<T>(path: string, query = ''): Promise<T> {
-  const settings = ServerConnection.makeSettings();
-  const url = URLExt.join(settings.baseUrl, 'pathways-nb', path) + query;
-  const reply = await ServerConnection.makeRequest(url, {}, settings);
-  const body = await reply.json();
-  if (!reply.ok && !(body && body.error)) {
-    throw new Error(`${path}: the server answered ${reply.status}`);
-  }
-  return body as T;
-}
 
 export class PathwaysPanel extends Widget {
   private select = document.createElement('select');
@@ -174,7 +148,7 @@ export class PathwaysPanel extends Widget {
     this.busy = true;
     const address = this.address;
     try {
-      const board = await getJSON<Board>('board', `?address=${encodeURIComponent(address)}`);
+      const board = await fetchBoard(address);
       if (address === this.address) this.draw(board);
     } catch (err) {
       this.message.textContent = `cannot reach the Jupyter server: ${err}`;
@@ -184,20 +158,10 @@ export class PathwaysPanel extends Widget {
   }
 
   private draw(board: Board): void {
-    if (board.error) {
-      this.message.textContent = board.error;
-      this.message.classList.add('pw-panel-error');
-      return;
-    }
-    this.message.classList.remove('pw-panel-error');
+    if (showError(this.message, board)) return;
     this.message.textContent = board.address;
     this.status.innerHTML = board.html ?? '';
-    this.placement.replaceChildren(table(board.devices ?? []));
     // At the panel's width (less its padding): widening the sidebar widens the timeline.
-    const width = this.node.clientWidth - 20;
-    this.timeline.replaceChildren(
-      legend(board.rows ?? [], board.tenants ?? {}),
-      draw(board.rows ?? [], board.lanes ?? [], width)
-    );
+    drawPictures(board, this.placement, this.timeline, this.node.clientWidth - 20);
   }
 }

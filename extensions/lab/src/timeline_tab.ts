@@ -1,10 +1,7 @@
 // A cluster's placement map and timeline at the main area's width, polled from the
 // Jupyter server extension while the tab is visible.
 import { Widget } from '@lumino/widgets';
-import { table } from '../../widgets/src/devices.js';
-import { draw } from '../../widgets/src/timeline.js';
-import { legend } from './legend';
-import { Board, getJSON } from './panel';
+import { drawPictures, fetchBoard, showError } from './board';
 
 const BOARD_MS = 1000;
 
@@ -46,20 +43,10 @@ export class TimelineTab extends Widget {
     if (this.busy || !this.isVisible) return;
     this.busy = true;
     try {
-      const board = await getJSON<Board>('board', `?address=${encodeURIComponent(this.address)}`);
-      if (board.error) {
-        this.message.textContent = board.error;
-        this.message.classList.add('pw-panel-error');
-        return;
-      }
-      this.message.classList.remove('pw-panel-error');
+      const board = await fetchBoard(this.address);
+      if (showError(this.message, board)) return;
       this.message.textContent = `${board.summary ?? ''} · the last 10 s`;
-      this.placement.replaceChildren(table(board.devices ?? []));
-      const width = this.node.clientWidth - 20;
-      this.timeline.replaceChildren(
-        legend(board.rows ?? [], board.tenants ?? {}),
-        draw(board.rows ?? [], board.lanes ?? [], width)
-      );
+      drawPictures(board, this.placement, this.timeline, this.node.clientWidth - 20);
     } catch (err) {
       this.message.textContent = `cannot reach the Jupyter server: ${err}`;
     } finally {
