@@ -47,9 +47,15 @@ def test_a_board_shows_status_placement_and_timeline(
         assert snap["tenants"] == {str(user.tenant): f"tenant-{user.tenant}"}
         json.dumps(snap)  # what the handler sends
 
-        # Only what is new crosses the wire; a second look keeps the rows drawn.
+        # Only what is new crosses the wire, asked for once a poll; a second look keeps
+        # the rows drawn.
+        asked: list[int] = []
+        panel = panels[0]
+        real = panel.event_rows
+        panel.event_rows = lambda *a, **k: asked.append(1) or real(*a, **k)  # type: ignore[method-assign]
         again = board.snapshot()
         assert len(again["rows"]) == len(snap["rows"]) and len(panels) == 1
+        assert len(asked) == 1
     finally:
         for c in panels:
             c.close()

@@ -11,7 +11,6 @@ same cluster take turns on its client.
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import json
 import os
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pathways_nb.client import Client
+from pathways_nb.client import Client, EventRows
 from pathways_nb.viz import PlacementRows, TimelineRows, status_html
 
 # pw.LocalCluster keeps its scheduler file here while it runs (see deploy/_local.py).
@@ -108,9 +107,18 @@ class Board:
                 client = self._client
                 s = client.status()
                 # A view of the whole cluster: every tenant's programs.
-                events, self._cursor = client.event_rows(self._cursor, all_tenants=True)
+                before = self._cursor
+                events, self._cursor = client.event_rows(before, all_tenants=True)
                 devices = self._placement.rows(s, events)
-                self._timeline.update(functools.partial(client.event_rows, all_tenants=True))
+
+                def event_rows(after: int, since: float = 0.0) -> EventRows:
+                    # Past the first poll the timeline reads from where the placement
+                    # map just did: the same rows, not asked of the controller twice.
+                    if before and after == before:
+                        return EventRows(events, self._cursor)
+                    return client.event_rows(after, since, all_tenants=True)
+
+                self._timeline.update(event_rows)
             except Exception as exc:  # shown in the panel; the next poll connects again
                 self._drop_client()
                 return {"address": self.found.address, "error": _reason(self.found, exc)}
