@@ -32,6 +32,8 @@ _LAZY = {
     "RemoteShard": "pathways_nb.client",
     "fetch": "pathways_nb.client",
     "block_until_ready": "pathways_nb.client",
+    "wait": "pathways_nb.client",
+    "as_completed": "pathways_nb.client",
     "jit": "pathways_nb.client",
     "LocalCluster": "pathways_nb.deploy",
     "InProcessCluster": "pathways_nb.deploy",
@@ -79,11 +81,13 @@ if TYPE_CHECKING:
         TraceError,
         VirtualDevice,
         VirtualSlice,
+        as_completed,
         block_until_ready,
         fetch,
         graph,
         jit,
         pipeline,
+        wait,
     )
     from pathways_nb.deploy import InProcessCluster, LocalCluster
 

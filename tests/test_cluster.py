@@ -154,6 +154,23 @@ def test_arrays_move_between_host_processes(local: pw.LocalCluster) -> None:
         assert all(f"{x.nbytes} B" in d for d in done.detail)
 
 
+def test_as_completed_takes_programs_on_two_host_processes_as_they_finish(
+    local: pw.LocalCluster,
+) -> None:
+    with pw.Client(local) as client:
+        a = client.allocate({"x": 4})
+        b = client.allocate({"x": 4})
+        assert a.host != b.host
+        client.inject_fault(a, match="slow", kind="delay:1.0")
+        x = np.arange(16, dtype=np.float32)
+        slow = pw.jit(lambda v: v * 2.0, name="slow")(a.put(x, P("x")))
+        fast = pw.jit(lambda v: v + 2.0, name="fast")(b.put(x, P("x")))
+        order = list(pw.as_completed([slow, fast]))
+        assert order[0] is fast and order[1] is slow
+        np.testing.assert_array_equal(slow.fetch(), x * 2.0)
+        np.testing.assert_array_equal(fast.fetch(), x + 2.0)
+
+
 def test_dask_arrays_are_computed_in_their_hosts_worker_process(local: pw.LocalCluster) -> None:
     import dask.array as da
 

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import _thread
-import contextlib
-import signal
-import sys
 import threading
-import time
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
+from _interrupts import interrupted_when_blocked_in, outcomes
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
@@ -306,9 +301,9 @@ def test_interrupt_while_fetching_cancels_queued_work(client: pw.Client) -> None
     x = vs.put(np.ones(2, np.float32), P("data"))
     held = pw.jit(lambda x: x + 1, name="held")
     outs = [held(x) for _ in range(50)]
-    with _interrupted_when_blocked_in("request"), pytest.raises(KeyboardInterrupt):
+    with interrupted_when_blocked_in("request"), pytest.raises(KeyboardInterrupt):
         outs[-1].fetch()
-    assert "cancelled" in _outcomes(client, outs)
+    assert "cancelled" in outcomes(client, outs)
 
 
 def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
@@ -323,57 +318,8 @@ def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
         x = vs.put(np.ones(2, np.float32), P("data"))
         stuck = pw.jit(lambda x: x + 1, name="stuck")
         outs = []
-        with _interrupted_when_blocked_in("_backpressure"), pytest.raises(KeyboardInterrupt):
+        with interrupted_when_blocked_in("_backpressure"), pytest.raises(KeyboardInterrupt):
             for _ in range(100):
                 outs.append(stuck(x))
         assert len(outs) == 4  # the fifth submission blocked, then was interrupted
-        assert "cancelled" in _outcomes(c, outs)
-
-
-@contextlib.contextmanager
-def _interrupted_when_blocked_in(function: str) -> Iterator[None]:
-    """Press "interrupt kernel" once the main thread is blocked inside ``function``.
-
-    The interrupt is SIGINT as Python sees it (``_thread.interrupt_main``), handled by
-    raising KeyboardInterrupt in the main thread as a kernel's handler does, whatever
-    handler or signal mask a library used by an earlier test left in this process. Our
-    waits wake every 100 ms to let it through, as they must for a real SIGINT too.
-    """
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def interrupt() -> None:
-        deadline = time.monotonic() + 10
-        while not _blocked_in(main, function) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        _thread.interrupt_main(signal.SIGINT)
-
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    t = threading.Thread(target=interrupt)
-    t.start()
-    try:
-        yield
-    finally:
-        t.join()
-        signal.signal(signal.SIGINT, previous)
-
-
-def _blocked_in(thread_id: int, function: str) -> bool:
-    frame = sys._current_frames().get(thread_id)
-    while frame is not None:
-        if frame.f_code.co_name == function:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _outcomes(client: pw.Client, outs: list[pw.RemoteArray]) -> set[str]:
-    client.wait_all(timeout=30)
-    kinds = set()
-    for o in outs:
-        try:
-            o.fetch()
-            kinds.add("ok")
-        except pw.RemoteError as exc:
-            kinds.add(exc.kind)
-    return kinds
+        assert "cancelled" in outcomes(c, outs)

@@ -10,10 +10,13 @@ from pathways_nb.client._session import Client, block_until_ready, fetch, graph
 from pathways_nb.client._shards import RemoteShard
 from pathways_nb.client._slice import VirtualDevice, VirtualSlice
 from pathways_nb.client._status import EventRows, Status
+from pathways_nb.client._waiting import AsCompleted, DoneAndNotDone, as_completed, wait
 
 __all__ = [
+    "AsCompleted",
     "Client",
     "DataflowGraph",
+    "DoneAndNotDone",
     "EventRows",
     "Future",
     "GraphArray",
@@ -25,9 +28,11 @@ __all__ = [
     "TraceError",
     "VirtualDevice",
     "VirtualSlice",
+    "as_completed",
     "block_until_ready",
     "fetch",
     "graph",
     "jit",
     "pipeline",
+    "wait",
 ]

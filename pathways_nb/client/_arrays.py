@@ -4,7 +4,10 @@ controller), and puts of arrays already on a slice, host to host."""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 import jax
@@ -67,6 +70,9 @@ class ArrayIO(DaskPuts, ProgramCalls):
 
     _direct: DirectChannels
     _errors: dict[int, RemoteError]
+    # Handle -> the host's answer to "is it computed?", while it is outstanding.
+    _asked: dict[int, Future[Any]]
+    _asked_lock: threading.Lock
     _prefetcher: Prefetcher
 
     def _put(self, vs: VirtualSlice, value: Any, spec: PartitionSpec | None) -> RemoteArray:
@@ -329,6 +335,57 @@ class ArrayIO(DaskPuts, ProgramCalls):
 
     def _wait_ready(self, xs: Sequence[RemoteArray]) -> None:
         self._request(xs, "wait")
+
+    def _ready_future(self, x: RemoteArray) -> Future[Any]:
+        """A future done once ``x`` is computed, its exception the error ``x`` holds.
+
+        Known already (a fetch or wait returned, or the controller's notice came): done
+        now. Otherwise its host is asked once, through the IO thread, and the question
+        stays open until it answers: asking again meanwhile (``pw.wait`` in a loop)
+        shares the same answer instead of asking again.
+        """
+        self._check_open()
+        x._check_usable()
+        if x._client is not self:
+            raise ValueError("this RemoteArray belongs to another client")
+        with self._cond:
+            known = x._ready or (x._lid != _LOCAL_LID and self._is_done(x._lid))
+            err = self._error_of(x)
+        if known or err is not None:
+            done: Future[Any] = Future()
+            if err is not None:
+                done.set_exception(err)
+            else:
+                done.set_result(None)
+            return done
+        x.slice.check_active()
+        handle = x.handle
+        with self._asked_lock:
+            fut = self._asked.get(handle)
+            if fut is not None:
+                return fut
+            fut = self._asked[handle] = self._io.host_request(
+                x.slice.data_address, {"t": "wait", "handle": handle}
+            )
+        ref = weakref.ref(x)
+
+        def answered(f: Future[Any]) -> None:
+            with self._asked_lock:
+                self._asked.pop(handle, None)
+            y = ref()
+            if y is None or y._deleted:
+                return  # the host answered its deletion; nobody reads it now
+            exc = f.exception()
+            if isinstance(exc, RemoteError):
+                self._errors[handle] = exc
+            elif exc is not None:
+                return  # the client closed or broke: no word on the array
+            y._ready = True
+            if self._fed:
+                self._fed_landed([handle])
+
+        fut.add_done_callback(answered)
+        return fut
 
     def _error_of(self, x: RemoteArray) -> RemoteError | None:
         return self._errors.get(x.handle)

@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import jax
@@ -136,6 +137,8 @@ class Client(ArrayIO):
         self._cond = threading.Condition(self._lock)
         self._pending: dict[int, list[int]] = {}
         self._errors: dict[int, RemoteError] = {}
+        self._asked: dict[int, Future[Any]] = {}
+        self._asked_lock = threading.Lock()
         self._fed: dict[int, Any] = {}
         self._dask: Any = dask_client
         self._own_dask = False
