@@ -2,8 +2,9 @@
 kernel, so several notebooks (tenants) share it, and a look at one from a shell.
 
 ``serve`` keeps a :class:`~pathways_nb.deploy.LocalCluster` up in the foreground until
-SIGINT or SIGTERM, or until its scheduler (the controller's process) exits; the cluster's
-processes watch this one, so even a SIGKILL of it leaves no orphans.
+SIGINT or SIGTERM, or until its scheduler (the controller's process) exits, or until the
+process named in ``$PATHWAYS_PARENT_PID`` (if set) exits; the cluster's processes watch
+this one, so even a SIGKILL of it leaves no orphans.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import IO, Any
 
 from pathways_nb._core import BrokenError
 from pathways_nb.deploy._local import LocalCluster
+from pathways_nb.deploy._watch import watch_parent
 
 
 @contextlib.contextmanager
@@ -62,6 +64,9 @@ def serve(
     with ``pw.Client(scheduler_file=path)``.
     """
     stop = threading.Event()
+    # Started on behalf of another process (JupyterLab's panel names its server in
+    # $PATHWAYS_PARENT_PID): the cluster ends when that process does.
+    watch_parent(stop.set)
     with _stop_on_signals(stop):
         cluster = LocalCluster(
             islands, devices, platform=platform, dashboard=dashboard, host=host, port=port

@@ -5,7 +5,8 @@ Two halves: a JupyterLab extension (``extensions/lab``, built into ``labextensio
 here and installed under ``share/jupyter/labextensions`` by the wheel) and this Jupyter
 server extension, which connects to the cluster and serves what the panel draws. The
 panel offers this user's ``pw.LocalCluster`` s, the address in ``$PATHWAYS_ADDRESS``,
-and any Dask scheduler address typed into it.
+and any Dask scheduler address typed into it; it also starts and stops clusters of its
+own (``pathways-nb cluster`` processes of the server).
 
 ``pathways-nb lab`` starts JupyterLab with both halves enabled, from any install.
 Elsewhere, ``jupyter server extension enable pathways_nb.lab`` enables the server half.
@@ -29,9 +30,16 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from pathways_nb.lab._handlers import LazyBoards, setup_handlers
+    import atexit
 
-    setup_handlers(serverapp.web_app, LazyBoards(serverapp.log.warning))
+    from pathways_nb.lab._handlers import LazyBoards, setup_handlers
+    from pathways_nb.lab._launched import Launched
+
+    launched = Launched()
+    # The clusters the panel started end as the server exits (a module extension has no
+    # stop hook); were it killed, they see it gone and end themselves.
+    atexit.register(launched.close)
+    setup_handlers(serverapp.web_app, LazyBoards(serverapp.log.warning), launched)
     serverapp.log.info("pathways_nb.lab: the Pathways panel's endpoints are under /pathways-nb/")
 
 

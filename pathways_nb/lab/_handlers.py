@@ -1,11 +1,13 @@
-"""The Jupyter server's side of the Pathways panel: two JSON endpoints under
-``/pathways-nb/``, thin over :class:`~pathways_nb.lab._boards.Boards`.
+"""The Jupyter server's side of the Pathways panel: JSON endpoints under
+``/pathways-nb/``, thin over :class:`~pathways_nb.lab._boards.Boards` and
+:class:`~pathways_nb.lab._launched.Launched`.
 
-``GET clusters`` lists the clusters to offer; ``GET board?address=...`` returns what
-the panel draws for one of them. A board's refresh talks to the cluster, so it runs on
-a small thread pool of its own, never on the server's event loop. The boards, and with
-them the client and JAX, are imported when a panel first asks: a server whose panel
-stays closed never loads them.
+``GET clusters`` lists the clusters to offer, ``POST clusters`` starts one and
+``DELETE clusters?address=...`` stops one this server started; ``GET board?address=...``
+returns what the panel draws for one of them. A board's refresh talks to the cluster,
+and a start waits for one to come up, so both run on thread pools of their own, never
+on the server's event loop. The boards, and with them the client and JAX, are imported
+when a panel first asks: a server whose panel stays closed never loads them.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from pathways_nb.lab._launched import Launched, check_size
+
 if TYPE_CHECKING:
     from pathways_nb.lab._boards import Boards
 
 ROUTE = "pathways-nb"
 SETTINGS_KEY = "pathways_nb_boards"
+LAUNCHED_KEY = "pathways_nb_launched"
 T = TypeVar("T")
 
 
@@ -64,12 +69,63 @@ class _Handler(APIHandler):
 
 
 class ClustersHandler(_Handler):
+    # Starting a cluster takes seconds: on threads of its own, so boards keep polling.
+    launches = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pathways-launch")
+
+    @property
+    def _launched(self) -> Launched:
+        launched: Launched = self.settings[LAUNCHED_KEY]
+        return launched
+
     @tornado.web.authenticated
     async def get(self) -> None:
         def found(boards: Boards) -> dict[str, Any]:
-            return {"clusters": [f.to_dict() for f in boards.found()], "problems": boards.problems}
+            ours = {c["address"]: c for c in self._launched.running()}
+            clusters = [
+                {**f.to_dict(), "stoppable": False} for f in boards.found() if f.address not in ours
+            ]
+            # Those this server started first: the panel may stop them.
+            started = [{**c, "source": "started here", "stoppable": True} for c in ours.values()]
+            return {"clusters": started + clusters, "problems": boards.problems}
 
         self._reply(await self._off_loop(found))
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        """Start a cluster: ``{"islands": N, "devices_per_island": M}``."""
+        try:
+            body = json.loads(self.request.body or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError(f"the request is a JSON object; got {type(body).__name__}")
+            islands, devices = check_size(body.get("islands"), body.get("devices_per_island"))
+        except ValueError as exc:
+            self._reply({"error": str(exc)}, 400)
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            started = await loop.run_in_executor(
+                self.launches, self._launched.start, islands, devices
+            )
+        except RuntimeError as exc:
+            self._reply({"error": str(exc)}, 500)
+            return
+        self._reply({**started, "source": "started here", "stoppable": True}, 201)
+
+    @tornado.web.authenticated
+    async def delete(self) -> None:
+        """Stop a cluster this server started: ``?address=tcp://...``."""
+        address = self.get_query_argument("address", "")
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(self.launches, self._launched.stop, address):
+            self._reply(
+                {
+                    "error": f"this server started no cluster at {address!r}; the panel stops "
+                    "only the clusters it started (close a pw.LocalCluster from its notebook)"
+                },
+                404,
+            )
+            return
+        self._reply({"address": address, "stopped": True})
 
 
 class BoardHandler(_Handler):
@@ -88,9 +144,10 @@ class BoardHandler(_Handler):
         self._reply(snap, snap.pop("status", 200))
 
 
-def setup_handlers(web_app: Any, boards: LazyBoards) -> None:
+def setup_handlers(web_app: Any, boards: LazyBoards, launched: Launched) -> None:
     """Add the panel's endpoints to a Jupyter server's tornado application."""
     web_app.settings[SETTINGS_KEY] = boards
+    web_app.settings[LAUNCHED_KEY] = launched
     base = web_app.settings["base_url"]
     web_app.add_handlers(
         ".*$",

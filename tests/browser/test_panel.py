@@ -5,15 +5,22 @@ starts it, with ``$PATHWAYS_ADDRESS`` naming the cluster. The panel must find th
 cluster, show its status tables and placement map, draw one timeline bar per program
 and transfer run after it opened, follow a slice's release, and say clearly when an
 address has no cluster behind it; and open again, with its tab, when the page reloads.
+It also starts a cluster of the server's own, puts the code that connects to it in a
+notebook, and stops it, leaving no process behind.
 """
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import psutil
 import pytest
 from _lab import ARTIFACTS, browser_page, lab_server
 from jax.sharding import PartitionSpec as P
@@ -108,3 +115,90 @@ def test_the_panel_follows_a_cluster(cluster: pw.LocalCluster, lab: str) -> None
             _count(page, ".pw-timeline-tab .pw-panel-placement td.held", 2)
         finally:
             page.screenshot(path=str(ARTIFACTS / "lab-panel.png"), full_page=True)
+
+
+def _api(lab: str, path: str, method: str = "GET", body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{lab}/{path}", data=data, method=method)
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read() or b"null")
+
+
+def _refused(lab: str, path: str, method: str, body: Any = None) -> tuple[int, str]:
+    try:
+        _api(lab, path, method, body)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())["error"]
+    raise AssertionError(f"{method} {path} was not refused")
+
+
+def test_the_server_refuses_clusters_it_cannot_start_or_did_not_start(lab: str) -> None:
+    for body, word in [
+        ({"islands": 0, "devices_per_island": 2}, "islands"),
+        ({"islands": 1}, "devices_per_island"),
+        ({"islands": 1, "devices_per_island": "2"}, "devices_per_island"),
+        ([1, 2], "JSON object"),
+    ]:
+        code, message = _refused(lab, "pathways-nb/clusters", "POST", body)
+        assert code == 400 and word in message, message
+    code, message = _refused(lab, "pathways-nb/clusters?address=tcp://127.0.0.1:1", "DELETE")
+    assert code == 404 and "started no cluster at 'tcp://127.0.0.1:1'" in message
+
+
+def test_the_panel_starts_a_cluster_a_notebook_uses_and_stops_it(lab: str) -> None:
+    kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    notebook = {"cells": [], "metadata": {"kernelspec": kernel}, "nbformat": 4, "nbformat_minor": 5}
+    _api(lab, "api/contents/connect.ipynb", "PUT", {"type": "notebook", "content": notebook})
+    with browser_page() as page:
+        try:
+            page.goto(f"{lab}/lab/tree/connect.ipynb", timeout=90_000)
+            page.locator(".jp-Notebook").wait_for(timeout=90_000)
+            tab = page.locator("li.lm-TabBar-tab[data-id='pathways-nb-panel']")
+            tab.wait_for(timeout=90_000)
+            if not page.locator("#pathways-nb-panel").is_visible():
+                tab.click()
+            page.fill(".pw-panel-islands", "1")
+            page.fill(".pw-panel-devices", "2")
+            page.click(".pw-panel-start")
+            status = page.locator(".pw-panel-status")
+            status.locator("text=1 islands, 2 devices").wait_for(timeout=120_000)
+            address = page.locator(".pw-panel-clusters").input_value()
+            assert page.locator(".pw-panel-stop").is_visible()
+            started = [c for c in _api(lab, "pathways-nb/clusters")["clusters"] if c["stoppable"]]
+            assert [(c["address"], c["source"]) for c in started] == [(address, "started here")]
+            pids = [started[0]["pid"]]
+            pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
+
+            page.click(".pw-panel-insert")
+            cell = page.locator(".jp-Notebook .jp-Cell .cm-content").last
+            cell.locator(f'text=client = pw.Client("{address}")').wait_for(timeout=30_000)
+            assert "import pathways_nb as pw" in cell.inner_text()
+            with pw.Client(address, name="notebook") as client:
+                vs = client.allocate({"x": 2})
+                x = np.arange(4, dtype=np.float32)
+                np.testing.assert_array_equal(
+                    pw.jit(lambda v: v + 1.0)(vs.put(x, P("x"))).fetch(), x + 1
+                )
+                status.locator("text=1 tenants").wait_for(timeout=60_000)
+
+            page.click(".pw-panel-stop")
+            page.locator(f".pw-panel-message >> text=stopped the cluster at {address}").wait_for(
+                timeout=60_000
+            )
+            assert not page.locator(".pw-panel-stop").is_visible()
+            # The panel waits for a choice; the address it showed is no longer offered.
+            page.wait_for_function(
+                "document.querySelector('.pw-panel-clusters').value === ''", timeout=30_000
+            )
+            offered = page.locator(".pw-panel-clusters option").all_inner_texts()
+            assert offered[0] == "choose a cluster…" and not any(address in o for o in offered)
+            assert not any(c["stoppable"] for c in _api(lab, "pathways-nb/clusters")["clusters"])
+            deadline = time.monotonic() + 40
+            while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = [
+                p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+            ]
+            assert not left, f"still running: {left}"
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "lab-panel-start.png"), full_page=True)

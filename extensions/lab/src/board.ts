@@ -17,11 +17,12 @@ export interface Board {
   tenants?: Record<string, string>;
 }
 
-/** A JSON answer of the server extension; an error status without a body throws. */
-export async function getJSON<T>(path: string, query = ''): Promise<T> {
+/** A JSON answer of the server extension (to a GET, or to ``init``'s method and body);
+ * an error status without an ``error`` in its body throws. */
+export async function getJSON<T>(path: string, query = '', init: RequestInit = {}): Promise<T> {
   const settings = ServerConnection.makeSettings();
   const url = URLExt.join(settings.baseUrl, 'pathways-nb', path) + query;
-  const reply = await ServerConnection.makeRequest(url, {}, settings);
+  const reply = await ServerConnection.makeRequest(url, init, settings);
   const body = await reply.json();
   if (!reply.ok && !(body && body.error)) {
     throw new Error(`${path}: the server answered ${reply.status}`);

@@ -23,6 +23,9 @@ const icon = new LabIcon({
 
 const OPEN = 'pathways-nb:open-panel';
 const OPEN_TAB = 'pathways-nb:open-timeline';
+// JupyterLab's own notebook commands: they act on the notebook last focused.
+const INSERT_BELOW = 'notebook:insert-cell-below';
+const REPLACE_SELECTION = 'notebook:replace-selection';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'pathways-nb-lab:panel',
@@ -67,7 +70,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         void app.commands.execute(OPEN_TAB, { address });
       }
     };
-    const panel = new PathwaysPanel(openTab);
+    // Code goes into a new cell below the current notebook's active cell.
+    const insertCode = async (code: string): Promise<boolean> => {
+      if (!app.commands.isEnabled(INSERT_BELOW)) return false;
+      await app.commands.execute(INSERT_BELOW);
+      await app.commands.execute(REPLACE_SELECTION, { text: code });
+      return true;
+    };
+    const panel = new PathwaysPanel(openTab, insertCode);
     panel.title.icon = icon;
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, panel.id);

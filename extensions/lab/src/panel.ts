@@ -6,6 +6,12 @@ import { drawPictures, fetchBoard, getJSON, showError, Board } from './board';
 export interface Cluster {
   address: string;
   source: string;
+  stoppable?: boolean;
+}
+
+/** The code a notebook runs to use the cluster at ``address``. */
+export function connectCode(address: string): string {
+  return `import pathways_nb as pw\n\nclient = pw.Client(${JSON.stringify(address)})`;
 }
 
 const BOARD_MS = 1000;
@@ -19,12 +25,26 @@ export class PathwaysPanel extends Widget {
   private status = document.createElement('div');
   private placement = document.createElement('div');
   private timeline = document.createElement('div');
+  private islands = document.createElement('input');
+  private devices = document.createElement('input');
+  private start = document.createElement('button');
+  private stop = document.createElement('button');
+  private insert = document.createElement('button');
   private timers: number[] = [];
   private address = '';
+  private stoppable = new Set<string>();
+  // Set once the panel stopped the cluster it showed: it then waits for a choice
+  // instead of showing another cluster on its own.
+  private stopped = false;
   private busy = false;
 
-  /** ``openTab(address)`` opens the cluster's timeline in the main area. */
-  constructor(private openTab: (address: string) => void) {
+  /** ``openTab(address)`` opens the cluster's timeline in the main area;
+   * ``insertCode(code)`` puts code in a new cell of the current notebook (false when
+   * no notebook is open). */
+  constructor(
+    private openTab: (address: string) => void,
+    private insertCode: (code: string) => Promise<boolean>
+  ) {
     super();
     this.id = 'pathways-nb-panel';
     this.addClass('pw-panel');
@@ -34,7 +54,7 @@ export class PathwaysPanel extends Widget {
     bar.className = 'pw-panel-bar';
     this.select.className = 'pw-panel-clusters';
     this.select.title = 'clusters found: your pw.LocalClusters and $PATHWAYS_ADDRESS';
-    this.select.onchange = () => this.showCluster(this.select.value);
+    this.select.onchange = () => this.select.value && this.showCluster(this.select.value);
     this.input.className = 'pw-panel-address';
     this.input.placeholder = 'tcp://host:8786';
     this.input.title = 'a Dask scheduler address of a pathways_nb cluster';
@@ -46,6 +66,46 @@ export class PathwaysPanel extends Widget {
     go.textContent = 'Show';
     go.onclick = () => this.showCluster(this.input.value.trim());
     bar.append(this.select, this.input, go);
+
+    // A cluster of the Jupyter server's own, as Dask's JupyterLab extension starts one.
+    const launch = document.createElement('div');
+    launch.className = 'pw-panel-bar pw-panel-launch';
+    const size = (el: HTMLInputElement, cls: string, value: string, title: string) => {
+      el.type = 'number';
+      el.min = '1';
+      el.value = value;
+      el.className = cls;
+      el.title = title;
+    };
+    size(this.islands, 'pw-panel-islands', '2', 'islands: one worker host each');
+    size(this.devices, 'pw-panel-devices', '4', 'simulated CPU devices per island');
+    this.start.className = 'pw-panel-start jp-mod-styled';
+    this.start.textContent = 'Start a cluster';
+    this.start.title = 'start a local cluster of this many islands and devices per island';
+    this.start.onclick = () => void this.startCluster();
+    const label = (text: string, el: HTMLElement) => {
+      const l = document.createElement('label');
+      l.append(text, el);
+      return l;
+    };
+    launch.append(
+      label('islands ', this.islands),
+      label('devices ', this.devices),
+      this.start
+    );
+
+    const actions = document.createElement('div');
+    actions.className = 'pw-panel-bar pw-panel-actions';
+    this.insert.className = 'pw-panel-insert jp-mod-styled';
+    this.insert.textContent = 'Insert pw.Client';
+    this.insert.title = 'a new cell below the current one that connects to this cluster';
+    this.insert.onclick = () => void this.insertConnect();
+    this.stop.className = 'pw-panel-stop jp-mod-styled';
+    this.stop.textContent = 'Stop this cluster';
+    this.stop.title = 'stop the cluster this panel started (its notebooks lose their slices)';
+    this.stop.onclick = () => void this.stopCluster();
+    this.stop.hidden = true;
+    actions.append(this.insert, this.stop);
 
     this.message.className = 'pw-panel-message';
     this.problems.className = 'pw-panel-problems pw-panel-error';
@@ -60,6 +120,8 @@ export class PathwaysPanel extends Widget {
     // The pictures first, the tables (status summary, islands, ..., events) below.
     this.node.append(
       bar,
+      launch,
+      actions,
       this.problems,
       this.message,
       h('placement'),
@@ -84,8 +146,80 @@ export class PathwaysPanel extends Widget {
   showCluster(address: string): void {
     if (!address) return;
     this.address = address;
+    this.stopped = false;
+    this.stop.hidden = !this.stoppable.has(address);
+    this.message.classList.remove('pw-panel-error');
     this.message.textContent = `connecting to ${address}…`;
     void this.refresh();
+  }
+
+  private say(text: string, error = false): void {
+    this.message.classList.toggle('pw-panel-error', error);
+    this.message.textContent = text;
+  }
+
+  private async startCluster(): Promise<void> {
+    const islands = Number(this.islands.value);
+    const devices = Number(this.devices.value);
+    this.start.disabled = true;
+    this.say(`starting a cluster of ${islands} islands x ${devices} devices…`);
+    try {
+      const reply = await getJSON<Cluster & { error?: string }>('clusters', '', {
+        method: 'POST',
+        body: JSON.stringify({ islands, devices_per_island: devices })
+      });
+      if (reply.error) {
+        this.say(reply.error, true);
+        return;
+      }
+      this.stoppable.add(reply.address);
+      this.showCluster(reply.address);
+      await this.findClusters();
+    } catch (err) {
+      this.say(`cannot start a cluster: ${err}`, true);
+    } finally {
+      this.start.disabled = false;
+    }
+  }
+
+  private async stopCluster(): Promise<void> {
+    const address = this.address;
+    if (!address) return;
+    this.stop.disabled = true;
+    try {
+      const reply = await getJSON<{ error?: string }>(
+        'clusters',
+        `?address=${encodeURIComponent(address)}`,
+        { method: 'DELETE' }
+      );
+      if (reply.error) {
+        this.say(reply.error, true);
+        return;
+      }
+      this.stoppable.delete(address);
+      this.address = '';
+      this.stopped = true;
+      this.stop.hidden = true;
+      this.say(`stopped the cluster at ${address}; choose another above, or start one`);
+      this.placement.replaceChildren();
+      this.timeline.replaceChildren();
+      this.status.replaceChildren();
+      await this.findClusters();
+    } catch (err) {
+      this.say(`cannot stop the cluster: ${err}`, true);
+    } finally {
+      this.stop.disabled = false;
+    }
+  }
+
+  private async insertConnect(): Promise<void> {
+    if (!this.address) {
+      this.say('choose or start a cluster first', true);
+      return;
+    }
+    if (!(await this.insertCode(connectCode(this.address)))) {
+      this.say('open a notebook to insert the code into', true);
+    }
   }
 
   /** Poll only while the panel is visible. */
@@ -119,9 +253,12 @@ export class PathwaysPanel extends Widget {
       return;
     }
     this.problems.textContent = problems.join('\n');
+    this.stoppable = new Set(clusters.filter(c => c.stoppable).map(c => c.address));
+    this.stop.hidden = !this.stoppable.has(this.address);
     const known = clusters.map(c => c.address);
     const options = [...known];
     if (this.address && !known.includes(this.address)) options.push(this.address);
+    if (!this.address && this.stopped) options.unshift('');
     const current = [...this.select.options].map(o => o.value);
     if (current.join('\n') !== options.join('\n')) {
       this.select.replaceChildren(
@@ -129,16 +266,17 @@ export class PathwaysPanel extends Widget {
           const o = document.createElement('option');
           const c = clusters.find(x => x.address === a);
           o.value = a;
-          o.textContent = c ? `${a} (${c.source})` : a;
+          o.textContent = !a ? 'choose a cluster…' : c ? `${a} (${c.source})` : a;
           return o;
         })
       );
     }
-    if (!this.address && options.length) {
+    if (!this.address && !this.stopped && options.length) {
       this.showCluster(options[0]);
-    } else if (!options.length) {
+    } else if (!options.length && !this.stopped) {
       this.message.textContent =
-        'no cluster found: start a pw.LocalCluster in a notebook, or type a scheduler address';
+        'no cluster found: start one here or a pw.LocalCluster in a notebook, or type a ' +
+        'scheduler address';
     }
     this.select.value = this.address;
   }

@@ -1,0 +1,112 @@
+"""Clusters JupyterLab's panel starts and stops (real processes): each a ``pathways-nb
+cluster`` of the Jupyter server's, that ends with it however it ends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+from pathways_nb.lab._launched import Launched, check_size
+
+pytestmark = pytest.mark.slow
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (the cluster's own watch it, not the session)."""
+    try:
+        p = psutil.Process(pid)
+        return [pid, *(c.pid for c in p.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_started_cluster_serves_notebooks_and_stops() -> None:
+    launched = Launched()
+    try:
+        started = launched.start(2, 2)
+        address = started["address"]
+        assert started["islands"] == 2 and started["devices_per_island"] == 2
+        assert [c["address"] for c in launched.running()] == [address]
+        pids = _tree(started["pid"])
+        assert len(pids) >= 7  # the command, the scheduler, and a nanny and worker per island
+        with pw.Client(address) as client:
+            assert len(client.status().islands) == 2
+            vs = client.allocate({"x": 2})
+            x = np.arange(8, dtype=np.float32)
+            y = pw.jit(lambda v: v * 2.0)(vs.put(x, P("x")))
+            np.testing.assert_array_equal(y.fetch(), x * 2.0)
+        assert launched.stop(address)
+        assert _gone(pids, 40), f"still running: {pids}"
+        assert launched.running() == []
+        assert not launched.stop(address)  # stopped already: nothing of ours there
+        assert not launched.stop("tcp://127.0.0.1:1")
+    finally:
+        launched.close()
+
+
+def test_a_cluster_that_does_not_come_up_in_time_is_stopped() -> None:
+    launched = Launched()
+    with pytest.raises(RuntimeError, match=r"did not come up within 0 s; stopped it"):
+        launched.start(1, 1, timeout=0.01)
+    assert launched.running() == []
+
+
+def test_sizes_the_panel_cannot_start_are_refused() -> None:
+    assert check_size(2, 4) == (2, 4)
+    for islands, devices, word in [
+        (0, 4, "islands"),
+        (2, 0, "devices_per_island"),
+        ("2", 4, "islands"),
+        (2, True, "devices_per_island"),
+        (2, 4.0, "devices_per_island"),
+        (17, 1, "islands"),
+        (1, 65, "devices_per_island"),
+    ]:
+        with pytest.raises(ValueError, match=rf"{word} is a whole number from 1 to \d+; got"):
+            check_size(islands, devices)
+
+
+def test_a_killed_server_leaves_no_cluster_behind() -> None:
+    server = textwrap.dedent(
+        """
+        import json, time
+        from pathways_nb.lab._launched import Launched
+        print(json.dumps(Launched().start(1, 1)), flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        started = json.loads(proc.stdout.readline())
+        pids = _tree(started["pid"])
+        assert len(pids) >= 4
+        proc.kill()
+        proc.wait()
+        assert _gone(pids, 40), f"orphans: {pids}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
