@@ -33,6 +33,8 @@ _LAZY = {
     "fetch": "pathways_nb.client",
     "block_until_ready": "pathways_nb.client",
     "wait": "pathways_nb.client",
+    "save": "pathways_nb.client",
+    "restore": "pathways_nb.client",
     "as_completed": "pathways_nb.client",
     "jit": "pathways_nb.client",
     "LocalCluster": "pathways_nb.deploy",
@@ -87,6 +89,8 @@ if TYPE_CHECKING:
         graph,
         jit,
         pipeline,
+        restore,
+        save,
         wait,
     )
     from pathways_nb.deploy import InProcessCluster, LocalCluster

@@ -171,6 +171,25 @@ def test_as_completed_takes_programs_on_two_host_processes_as_they_finish(
         np.testing.assert_array_equal(fast.fetch(), x + 2.0)
 
 
+def test_a_checkpoint_is_written_and_read_by_the_host_processes(
+    local: pw.LocalCluster, tmp_path: Path
+) -> None:
+    with pw.Client(local) as client:
+        a = client.allocate({"x": 4})
+        b = client.allocate({"x": 2, "y": 2})
+        assert a.host != b.host
+        x = np.arange(64, dtype=np.float32).reshape(8, 8)
+        state = {"w": pw.jit(lambda v: v * 3.0)(a.put(x, P("x"))), "key": a.put(jax.random.key(1))}
+        assert sorted(pw.save(tmp_path, state)) == ["key.npy", "w.npy"]
+        np.testing.assert_array_equal(np.load(tmp_path / "w.npy"), x * 3.0)
+        back = pw.restore(tmp_path, state, slice=b)
+        assert back["w"].slice is b and back["w"].spec == P("x")
+        np.testing.assert_array_equal(back["w"].fetch(), x * 3.0)
+        np.testing.assert_array_equal(
+            jax.random.key_data(back["key"].fetch()), jax.random.key_data(jax.random.key(1))
+        )
+
+
 def test_dask_arrays_are_computed_in_their_hosts_worker_process(local: pw.LocalCluster) -> None:
     import dask.array as da
 

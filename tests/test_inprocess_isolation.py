@@ -143,6 +143,9 @@ def test_a_host_serves_a_connection_only_its_tenants_arrays(
         {"t": "wait_many", "rid": 5, "handles": [x.handle]},
         {"t": "put_failed", "rid": 6, "handle": x.handle, "error": {"message": "gone"}},
         {"t": "expect", "rid": 7, "handle": x.handle},
+        # Nor may it write another's array to a file, or read a file into its handle.
+        {"t": "save", "rid": 9, "handle": x.handle, "path": "/tmp/pathways-stolen.npy"},
+        {"t": "load", "rid": 10, "handle": x.handle, "path": "/tmp/x.npy", **put},
     ):
         reply = raw.ask(sock, header)
         assert reply["t"] == "error" and reply["rid"] == header["rid"], reply

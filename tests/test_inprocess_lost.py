@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,32 @@ def test_puts_programs_and_moves_for_a_lost_slice_wait_for_its_remap() -> None:
         for r, want in zip(results, (3.0, 2.0, 6.0), strict=True):
             assert r.slice is vs and r._epoch == 1
             np.testing.assert_array_equal(r.fetch(), np.full(2, want, np.float32))
+
+
+def test_a_checkpoint_the_hosts_wrote_restores_the_state_lost_with_a_host(
+    tmp_path: Path,
+) -> None:
+    with pw.InProcessCluster(2, 2) as c, c.client() as client:
+        vs = client.allocate({"x": 2})
+        client.allocate({"x": 2})  # the other island: no room to remap onto at once
+        state = {
+            "w": vs.put(np.arange(4, dtype=np.float32), P("x")),
+            "b": vs.put(np.float32(2.0)),
+        }
+        pw.save(tmp_path / "ckpt", state)
+        index = _lose(c, vs)
+        with pytest.raises(pw.DataLossError):
+            state["w"].fetch()
+        waiting = _in_thread(lambda: pw.restore(tmp_path / "ckpt", state))
+        time.sleep(0.2)
+        assert waiting[0].is_alive()  # the restore waits for the slice's remap
+        c.restart_host(index)
+        waiting[0].join(timeout=30)
+        back = waiting[1].get("value", waiting[1].get("error"))
+        assert isinstance(back, dict), back
+        assert vs.epoch == 1 and back["w"]._epoch == 1
+        np.testing.assert_array_equal(back["w"].fetch(), np.arange(4, dtype=np.float32))
+        assert float(back["b"].fetch()) == 2.0
 
 
 def test_new_work_fails_once_the_wait_is_over_or_the_slice_is_released() -> None:

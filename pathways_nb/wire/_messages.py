@@ -118,6 +118,18 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "put_failed": {"rid": _INT, "handle": _INT, "error": _DICT},
     "fetch": {"rid": _INT, "handle": _INT},
     "wait": {"rid": _INT, "handle": _INT},
+    # ... of a checkpoint: an array written to, or read from, a file on the host
+    "save": {"rid": _INT, "handle": _INT, "path": _STR},
+    "load": {
+        "rid": _INT,
+        "handle": _INT,
+        "path": _STR,
+        "shape": _LIST,
+        "dtype": _STR,
+        "spec": _LIST,
+        "devices": _LIST,
+        "mesh": _LIST,
+    },
     # ... of several arrays on one host, answered at once (at most 512 handles)
     "fetch_many": {"rid": _INT, "handles": _LIST},
     "wait_many": {"rid": _INT, "handles": _LIST},

@@ -34,6 +34,8 @@ _CLIENT_REQUESTS = {
     "wait": "handle",
     "fetch_many": "handles",
     "wait_many": "handles",
+    "save": "handle",
+    "load": "handle",
 }
 
 

@@ -53,6 +53,7 @@ from pathways_nb.wire import (
 from pathways_nb.wire._messages import error_header
 from pathways_nb.wire._recvpool import POOL as RECEIVE_POOL
 from pathways_nb.worker._answers import Answers
+from pathways_nb.worker._checkpoint import Checkpoints
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._hostcopy import from_host
@@ -83,7 +84,19 @@ _CONTROLLER_TYPES = frozenset(
 )
 _BATCHED_TYPES = frozenset({"run", "drop", "send", "recv", "noted"})
 _DATA_TYPES = frozenset(
-    {"hello", "put", "expect", "put_failed", "fetch", "wait", "fetch_many", "wait_many", "xfer"}
+    {
+        "hello",
+        "put",
+        "expect",
+        "put_failed",
+        "fetch",
+        "wait",
+        "fetch_many",
+        "wait_many",
+        "xfer",
+        "save",
+        "load",
+    }
 )
 _TO_CONTROLLER = b"c"
 _HEARTBEAT = 1.0  # seconds between heartbeats to the controller
@@ -144,6 +157,9 @@ class Host:
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._answers = Answers(name, self.store, self._to_client, self._pool)
+        self._checkpoints = Checkpoints(
+            name, self.store, self._pool, self._to_client, self._store_or_park, self._put_failed
+        )
         self._versions = local_versions()
         self._peers = Peers(name, self._versions)
         self._thread: threading.Thread | None = None
@@ -427,6 +443,10 @@ class Host:
             self._answers.one(identity, h["rid"], kind, h["handle"])
         elif kind in ("fetch_many", "wait_many"):
             self._answers.many(identity, h["rid"], kind, h["handles"])
+        elif kind == "save":
+            self._checkpoints.save(identity, h)
+        elif kind == "load":
+            self._checkpoints.load(identity, h)
 
     def _arrived(self, h: dict[str, Any], value: Any, err: RemoteError | None, nbytes: int) -> None:
         """A transfer into this host finished: store it, tell the controller."""
@@ -488,10 +508,12 @@ class Host:
         self._waiting_puts.arrived(h["handle"])
         return True
 
-    def _put_failed(self, identity: bytes | None, h: dict[str, Any], exc: Exception) -> None:
+    def _put_failed(
+        self, identity: bytes | None, h: dict[str, Any], exc: Exception, program: str = "put"
+    ) -> None:
         """The put's handle holds its error; the client that sent the bytes hears it
         (``identity`` None: Dask computed the value here, and who waits reads the store)."""
-        err = to_remote(exc, "invalid", program="put", slice="", host=self.name)
+        err = to_remote(exc, "invalid", program=program, slice="", host=self.name)
         self.store.fail(h["handle"], err)
         if identity is not None:
             self._to_client(identity, {"t": "failed", "rid": h["rid"], "error": err.to_dict()})

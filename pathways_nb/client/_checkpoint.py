@@ -1,0 +1,228 @@
+"""``pw.save`` and ``pw.restore``: checkpoints written and read by the hosts themselves.
+
+Each array of a pytree goes to a ``.npy`` file of its own in one folder, written by the
+host that holds it and read back by the host of the slice it is restored onto: the
+bytes never pass through the client, so a notebook checkpoints a model larger than its
+own memory, as Orbax does from each worker of a multi-host JAX program. The folder is a
+path on the hosts' filesystem (this machine's for a ``pw.LocalCluster``; a filesystem
+every host mounts on a cluster of several machines). The files are NumPy's own:
+``np.load`` reads them without pathways_nb.
+
+A file is named by its leaf's path in the tree (``params/w0`` -> ``params.w0.npy``), so
+the tree given to ``restore`` names the files to read and gives each array's shape,
+dtype, slice and layout: the arrays of the state being trained, or
+``jax.ShapeDtypeStruct`` s (from ``jax.eval_shape``) restored onto ``slice=``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from pathways_nb._core import BrokenError, ClosedError, encode_dtype, encode_mesh, encode_spec
+from pathways_nb.client._jit import _is_remote
+from pathways_nb.client._remote import RemoteArray
+
+if TYPE_CHECKING:
+    from pathways_nb.client._session import Client
+    from pathways_nb.client._slice import VirtualSlice
+
+# Seconds a wait blocks at a time, so that "interrupt kernel" gets in between.
+_SLICE = 0.1
+# The launch id of a put (restored arrays are made by no program).
+_LOCAL_LID = 0
+
+
+def save(path: str | os.PathLike[str], tree: Any) -> list[str]:
+    """Write every RemoteArray of ``tree`` into the folder ``path`` on the hosts'
+    filesystem, each by the host that holds it; return the files' names. Returns once
+    all are written (each waits for the program that makes it), or raises the first
+    failure: a failed program's error, or the host's when it cannot write::
+
+        pw.save("/ckpt/step_100", {"params": params, "opt": opt_state})
+        state = pw.restore("/ckpt/step_100", {"params": params, "opt": opt_state})
+
+    A file is written whole or not at all, so a checkpoint there before stays readable
+    until its replacement is complete. ``path`` must be absolute: the hosts resolve it,
+    from working directories of their own.
+    """
+    folder = _folder(path)
+    named = _named_leaves(tree, "pw.save")
+    for name, x in named:
+        if not isinstance(x, RemoteArray):
+            raise TypeError(
+                f"pw.save writes RemoteArrays; the leaf {name!r} is a {type(x).__name__}. "
+                "Put it on a slice first (vs.put), or keep it out of the tree"
+            )
+        x._check_usable()
+    futures = []
+    for name, x in named:
+        client = x._client
+        client._check_open()
+        header = {"t": "save", "handle": x.handle, "path": f"{folder}/{name}.npy"}
+        futures.append(client._io.host_request(x.slice.data_address, header))
+    _wait(futures, [x._client for _, x in named])
+    return [f"{name}.npy" for name, _ in named]
+
+
+def restore(path: str | os.PathLike[str], like: Any, *, slice: VirtualSlice | None = None) -> Any:
+    """The arrays :func:`save` wrote into ``path``, as a tree shaped like ``like``.
+
+    Each leaf of ``like`` names its file and says what to make of it: a RemoteArray
+    (the state being trained, even one lost with its host) is restored with its shape,
+    dtype and layout onto its own slice, or onto ``slice=`` when given; a
+    ``jax.ShapeDtypeStruct`` onto ``slice=``, laid out by its ``sharding``'s
+    PartitionSpec (replicated without one). Each file is read by the host of the slice
+    it is restored onto; returns once every array is in place, or raises the first
+    failure (a missing file, or one that holds another shape or dtype).
+    """
+    folder = _folder(path)
+    named = _named_leaves(like, "pw.restore")
+    plans = [(name, *_target(name, leaf, slice)) for name, leaf in named]
+    for _, vs, shape, _, spec in plans:  # all checked before any host is asked
+        vs._client._check_open()
+        vs._ready_for_work()  # a lost slice: once it is remapped
+        vs.check_spec(spec, shape)
+    futures, made, clients = [], [], []
+    for name, vs, shape, dtype, spec in plans:
+        client = vs._client
+        wire_shape, wire_dtype = shape, dtype
+        header: dict[str, Any] = {}
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype))
+            wire_shape, wire_dtype = data.shape, data.dtype
+            header["key_impl"] = _key_impl(shape, dtype)
+        handle = client._ids.next()
+        header.update(
+            {
+                "t": "load",
+                "handle": handle,
+                "path": f"{folder}/{name}.npy",
+                "shape": list(wire_shape),
+                "dtype": encode_dtype(np.dtype(wire_dtype)),
+                "spec": encode_spec(spec),
+                "devices": vs.devices,
+                "mesh": encode_mesh(vs.mesh_shape),
+            }
+        )
+        nbytes = int(np.prod(wire_shape)) * np.dtype(wire_dtype).itemsize
+        client._io.deletes_now()
+        client._io.send_batched(
+            {"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": nbytes}
+        )
+        futures.append(client._io.host_request(vs.data_address, header))
+        sharding = NamedSharding(vs.abstract_mesh, spec)
+        made.append(RemoteArray(client, handle, shape, dtype, sharding, vs, _LOCAL_LID))
+        clients.append(client)
+    try:
+        _wait(futures, clients)
+    except BaseException:
+        for x in made:
+            x.delete()
+        raise
+    for x in made:
+        x._ready = True
+    return jax.tree.unflatten(jax.tree.structure(like, is_leaf=_is_leaf), made)
+
+
+def _target(
+    name: str, leaf: Any, slice: VirtualSlice | None
+) -> tuple[VirtualSlice, tuple[int, ...], Any, PartitionSpec]:
+    """Where and how the leaf ``name`` is restored: slice, shape, dtype, layout."""
+    if isinstance(leaf, RemoteArray):
+        return slice or leaf.slice, leaf.shape, leaf.dtype, leaf.spec
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        if slice is None:
+            raise ValueError(
+                f"the leaf {name!r} is a ShapeDtypeStruct, which names no slice: give "
+                "pw.restore(..., slice=vs)"
+            )
+        sharding = leaf.sharding
+        spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
+        return slice, tuple(leaf.shape), leaf.dtype, spec
+    raise TypeError(
+        f"pw.restore takes a tree of RemoteArrays or jax.ShapeDtypeStructs saying what "
+        f"to restore; the leaf {name!r} is a {type(leaf).__name__}"
+    )
+
+
+def _is_leaf(x: Any) -> bool:
+    return _is_remote(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _named_leaves(tree: Any, what: str) -> list[tuple[str, Any]]:
+    """Each leaf with the name of its file: its path in the tree, its keys joined by
+    dots, each cut to the characters a file name takes everywhere."""
+    with_paths, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
+    if not with_paths:
+        raise ValueError(f"{what} was given a tree without arrays: {tree!r}")
+    out: list[tuple[str, Any]] = []
+    seen: dict[str, str] = {}
+    for keys, leaf in with_paths:
+        parts = [_key_text(k) for k in keys]
+        name = ".".join(re.sub(r"[^A-Za-z0-9_-]", "_", p) for p in parts) or "array"
+        shown = jax.tree_util.keystr(keys) or "(the tree itself)"
+        if name in seen:
+            raise ValueError(
+                f"{what}: the leaves {seen[name]} and {shown} would share the file "
+                f"{name}.npy; rename one of their keys"
+            )
+        seen[name] = shown
+        out.append((name, leaf))
+    return out
+
+
+def _key_text(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _key_impl(shape: tuple[int, ...], dtype: Any) -> str:
+    """The PRNG implementation's name for keys of ``dtype``, read from a trace."""
+    found: list[str] = []
+    jax.eval_shape(
+        lambda k: found.append(str(jax.random.key_impl(k))), jax.ShapeDtypeStruct(shape, dtype)
+    )
+    return found[0]
+
+
+def _folder(path: Any) -> str:
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path is a folder on the hosts' filesystem; got {type(path).__name__}")
+    folder = os.fspath(path)
+    if not os.path.isabs(folder):
+        raise ValueError(
+            f"path is absolute, as the hosts resolve it from working directories of their "
+            f"own; got {folder!r} (os.path.abspath({folder!r}) is this machine's)"
+        )
+    return folder.rstrip("/") or "/"
+
+
+def _wait(futures: Sequence[concurrent.futures.Future[Any]], clients: Sequence[Client]) -> None:
+    """Wait for every host's answer; raise the first failure. Ctrl-C cancels the
+    clients' queued launches, as while a fetch waits."""
+    try:
+        pending = set(futures)
+        while pending:
+            _, pending = concurrent.futures.wait(pending, _SLICE)
+    except KeyboardInterrupt:
+        for c in {id(c): c for c in clients}.values():
+            c.cancel()
+        raise
+    for f in futures:
+        exc = f.exception()
+        if isinstance(exc, ClosedError | BrokenError):
+            raise exc
+    for f in futures:
+        exc = f.exception()
+        if exc is not None:
+            raise exc

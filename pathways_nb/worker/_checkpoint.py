@@ -1,0 +1,124 @@
+"""A host's side of ``pw.save`` and ``pw.restore``: an array written to, or read from, a
+``.npy`` file on the host's own filesystem by the host that holds it, so a checkpoint's
+bytes never pass through the client (whose memory need not hold the model).
+
+A file is NumPy's own format, readable without pathways_nb (``np.load``); JAX's types
+that NumPy does not know (bfloat16, float8, ...) are stored as raw bytes of their size
+(NumPy's ``V2`` for bfloat16) and read back as the type the restore names. A PRNG key
+array is stored as its key data.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pathways_nb._core import decode_dtype
+from pathways_nb.worker._answers import ToClient, host_payload
+from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._store import Entry, ObjectStore
+
+# Store a put's value (its client, header, value): True once stored (see the host's
+# _store_or_park); and make the put's handle hold an error, telling its client.
+StorePut = Callable[[bytes, dict[str, Any], np.ndarray], bool]
+PutFailed = Callable[[bytes, dict[str, Any], Exception, str], None]
+
+
+class Checkpoints:
+    """A host's answers to ``save`` and ``load``, each done on ``pool`` so that no loop
+    of the host waits on the disk."""
+
+    def __init__(
+        self,
+        host: str,
+        store: ObjectStore,
+        pool: concurrent.futures.Executor,
+        to_client: ToClient,
+        store_put: StorePut,
+        put_failed: PutFailed,
+    ) -> None:
+        self.host = host
+        self._store = store
+        self._pool = pool
+        self._to_client = to_client
+        self._store_put = store_put
+        self._put_failed = put_failed
+
+    def save(self, identity: bytes, h: dict[str, Any]) -> None:
+        """Write the array to ``h["path"]`` once it is computed; answer the client then
+        (with the array's own error, if its program failed)."""
+        rid, path = h["rid"], h["path"]
+
+        def written(entry: Entry) -> None:
+            answer: dict[str, Any] = {"t": "reply", "rid": rid}
+            if entry.error is not None:
+                answer = {"t": "failed", "rid": rid, "error": entry.error.to_dict()}
+            else:
+                try:
+                    write(path, entry.value)
+                except Exception as exc:
+                    sname = entry.origin[1]
+                    err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
+                    answer = {"t": "failed", "rid": rid, "error": err.to_dict()}
+            self._to_client(identity, answer, ())
+
+        def ready(entry: Entry) -> None:
+            self._pool.submit(written, entry)
+
+        self._store.when_ready(h["handle"], ready)
+
+    def load(self, identity: bytes, h: dict[str, Any]) -> None:
+        """Read the array at ``h["path"]`` and store it as a put's value; answer the
+        client once it is stored, or with why it is not."""
+
+        def read_and_store() -> None:
+            try:
+                dtype = decode_dtype(h["dtype"])
+                arr = read(h["path"], tuple(int(n) for n in h["shape"]), dtype)
+                if self._store_put(identity, h, arr):
+                    self._to_client(identity, {"t": "reply", "rid": h["rid"]}, ())
+            except Exception as exc:
+                self._put_failed(identity, h, exc, "restore")
+
+        self._pool.submit(read_and_store)
+
+
+def write(path: str, value: Any) -> None:
+    """Write ``value`` (a JAX array on this host's devices) to ``path``, whole or not at
+    all: a reader never finds half a file, and an earlier checkpoint there stays until
+    the new one is complete."""
+    _, arr = host_payload(value)
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def read(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """The array in the ``.npy`` file at ``path``, which must hold ``shape`` and
+    ``dtype`` (or raw bytes of ``dtype``'s size, as :func:`write` stores JAX's own
+    types); ValueError saying what the file holds otherwise."""
+    arr = np.load(path, allow_pickle=False)
+    if arr.dtype != dtype and arr.dtype.kind == "V" and arr.dtype.itemsize == dtype.itemsize:
+        arr = arr.view(dtype)
+    if arr.shape != shape or arr.dtype != dtype:
+        raise ValueError(
+            f"{path} holds {arr.dtype}{list(arr.shape)}, where the array to restore is "
+            f"{dtype}{list(shape)}: restore into arrays shaped as the ones saved there"
+        )
+    # (np.ascontiguousarray would make a 0-d array 1-d.)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")

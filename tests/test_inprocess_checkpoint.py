@@ -1,0 +1,137 @@
+"""pw.save and pw.restore: checkpoints written and read by the hosts themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import pathways_nb as pw
+
+
+def _state(vs: pw.VirtualSlice) -> dict[str, object]:
+    rng = np.random.default_rng(0)
+    return {
+        "params": {
+            "w0": vs.put(rng.standard_normal((8, 4)).astype(np.float32), P("x")),
+            "b0": vs.put(np.arange(4, dtype=np.float32), P()),
+        },
+        "step": vs.put(np.int32(7)),
+        "half": vs.put(np.linspace(0, 1, 6).astype(ml_dtypes.bfloat16), P()),
+        "key": vs.put(jax.random.key(3)),
+        "layers": [vs.put(np.full((2, 2), i, np.float32), P("x")) for i in range(2)],
+    }
+
+
+def test_save_then_restore_gives_the_same_arrays(client: pw.Client, tmp_path: Path) -> None:
+    vs = client.allocate({"x": 2})
+    state = _state(vs)
+    state["params"]["w0"] = pw.jit(lambda w: jnp.tanh(w) * 2.0)(state["params"]["w0"])  # type: ignore[index]
+    names = pw.save(tmp_path / "ckpt", state)
+    assert sorted(names) == sorted(
+        [
+            "half.npy",
+            "key.npy",
+            "layers.0.npy",
+            "layers.1.npy",
+            "params.b0.npy",
+            "params.w0.npy",
+            "step.npy",
+        ]
+    )
+    want = pw.fetch(state)
+    # NumPy's own files: readable without pathways_nb (JAX's own types as raw bytes).
+    np.testing.assert_array_equal(
+        np.load(tmp_path / "ckpt" / "params.w0.npy"), want["params"]["w0"]
+    )
+    assert np.load(tmp_path / "ckpt" / "half.npy").dtype == np.dtype("V2")
+
+    back = pw.restore(tmp_path / "ckpt", state)
+    assert jax.tree.structure(back) == jax.tree.structure(state)
+    for got, old in zip(jax.tree.leaves(back), jax.tree.leaves(state), strict=True):
+        assert got.shape == old.shape and got.dtype == old.dtype and got.spec == old.spec
+        assert got.slice is vs and got.is_ready()
+    got = pw.fetch(back)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        assert np.shape(a) == np.shape(b) and np.asarray(a).dtype == np.asarray(b).dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The restored arrays are ordinary ones: programs take them.
+    np.testing.assert_allclose(
+        pw.jit(lambda p: p["w0"].sum() + p["b0"].sum())(back["params"]).fetch(),
+        want["params"]["w0"].sum() + want["params"]["b0"].sum(),
+        rtol=1e-6,
+    )
+
+
+def test_restore_onto_another_slice_and_from_shapes(client: pw.Client, tmp_path: Path) -> None:
+    a = client.allocate({"x": 2})
+    b = client.allocate({"y": 2, "z": 2})
+    assert a.host != b.host
+    w = a.put(np.arange(16, dtype=np.float32).reshape(4, 4), P("x"))
+    pw.save(str(tmp_path), {"w": w})
+    shapes = {"w": jax.ShapeDtypeStruct((4, 4), np.float32, sharding=b.sharding(P("z", "y")))}
+    moved = pw.restore(tmp_path, shapes, slice=b)["w"]
+    assert moved.slice is b and moved.spec == P("z", "y")
+    np.testing.assert_array_equal(moved.fetch(), w.fetch())
+    plain = pw.restore(tmp_path, {"w": jax.ShapeDtypeStruct((4, 4), np.float32)}, slice=b)["w"]
+    assert plain.spec == P()
+    np.testing.assert_array_equal(plain.fetch(), w.fetch())
+
+
+def test_a_new_save_replaces_the_old_whole(client: pw.Client, tmp_path: Path) -> None:
+    vs = client.allocate({"x": 2})
+    w = vs.put(np.zeros(4, np.float32), P("x"))
+    pw.save(tmp_path, {"w": w})
+    pw.save(tmp_path, {"w": w + 1.0})
+    np.testing.assert_array_equal(np.load(tmp_path / "w.npy"), np.ones(4, np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.npy"]  # no temporary files left
+
+
+def test_failures_are_readable(client: pw.Client, tmp_path: Path) -> None:
+    vs = client.allocate({"x": 2})
+    w = vs.put(np.ones(4, np.float32), P("x"))
+    client.inject_fault(vs, match="broken")
+    broken = pw.jit(lambda v: v * 2.0, name="broken")(w)
+    with pytest.raises(pw.RemoteError, match="injected fault"):
+        pw.save(tmp_path, {"w": w, "broken": broken})
+    (tmp_path / "file").write_text("")
+    with pytest.raises(
+        pw.RemoteError, match=r"NotADirectoryError.*file/ckpt.*\(program save, host host\d\)"
+    ):
+        pw.save(tmp_path / "file" / "ckpt", {"w": w})
+    with pytest.raises(
+        pw.RemoteError, match=r"FileNotFoundError.*missing/w\.npy.*\(program restore, host host\d\)"
+    ):
+        pw.restore(tmp_path / "missing", {"w": w})
+    pw.save(tmp_path / "ok", {"w": w})
+    wrong = {"w": vs.put(np.ones((2, 2), np.float32))}
+    with pytest.raises(
+        pw.RemoteError, match=r"holds float32\[4\], where the array to restore is float32\[2, 2\]"
+    ):
+        pw.restore(tmp_path / "ok", wrong)
+    # Bad input, said at once.
+    with pytest.raises(ValueError, match="path is absolute"):
+        pw.save("relative/ckpt", {"w": w})
+    with pytest.raises(TypeError, match="the leaf 'lr' is a float"):
+        pw.save(tmp_path, {"w": w, "lr": 0.1})
+    with pytest.raises(TypeError, match="the leaf 'w' is a ndarray"):
+        pw.restore(tmp_path / "ok", {"w": np.ones(4)})
+    with pytest.raises(ValueError, match="names no slice"):
+        pw.restore(tmp_path / "ok", {"w": jax.ShapeDtypeStruct((4,), np.float32)})
+    with pytest.raises(ValueError, match=r"would share the file a_b\.npy"):
+        pw.save(tmp_path, {"a_b": w, "a-b": w, "a b": w})
+    with pytest.raises(ValueError, match="without arrays"):
+        pw.save(tmp_path, {})
+    gone = w + 1.0
+    gone.delete()
+    with pytest.raises(pw.ClosedError, match="was deleted"):
+        pw.save(tmp_path, {"gone": gone})
+    # The store holds nothing of the failed restores.
+    np.testing.assert_array_equal(w.fetch(), np.ones(4, np.float32))
