@@ -270,6 +270,8 @@ def _fetch(r: dict[str, Any]) -> list[Row]:
         "wait_pytree": f"block_until_ready of the same {n} (ms)",
         "put_big": f"put {mib} MiB sharded over 4 devices (ms; JAX: jax.device_put)",
         "fetch_big": f"fetch the {mib} MiB (ms; JAX: np.asarray)",
+        "save_big": f"pw.save the {mib} MiB, written by its host (ms; JAX: np.save)",
+        "restore_big": "pw.restore it, read by its host (ms; JAX: device_put of np.load)",
     }
     return [
         (
@@ -280,6 +282,7 @@ def _fetch(r: dict[str, Any]) -> list[Row]:
             "",
         )
         for k, label in what.items()
+        if k in r
     ]
 
 

@@ -11,6 +11,10 @@ and on 4 devices of this process (plain JAX):
 - one 64 MiB array sharded over the 4 devices: ``vs.put`` against ``jax.device_put``,
   and ``x.fetch()`` against ``np.asarray`` of the ``jax.Array``. Plain JAX on CPU devices
   copies within one process; pathways_nb sends the bytes to another process and back.
+- the same array checkpointed to a ``.npy`` file and read back: ``pw.save`` (the host
+  writes it) against ``np.save`` of ``np.asarray`` of the ``jax.Array``, and
+  ``pw.restore`` (the host reads it) against ``jax.device_put(np.load(...))``. Both write
+  to the same disk; pathways_nb's bytes never reach the notebook.
 
 A ``jax.Array`` keeps the NumPy value it was read as, so every plain-JAX turn reads
 arrays never read before (made before the timing starts).
@@ -27,7 +31,9 @@ from benchmarks._common import with_hosts_allocator, xla_flags
 os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -94,7 +100,32 @@ def run(quick: bool = False) -> dict[str, Any]:
         def put_jax() -> None:
             jax.device_put(host_big, NamedSharding(mesh, P("d"))).block_until_ready()
 
+        folder = tempfile.mkdtemp(prefix="pathways-bench-ckpt-")
+        sharding = NamedSharding(mesh, P("d"))
+
+        def save_ours() -> None:
+            pw.save(os.path.join(folder, "ours"), {"w": ours_big})
+
+        def save_jax() -> None:
+            os.makedirs(os.path.join(folder, "jax"), exist_ok=True)
+            np.save(os.path.join(folder, "jax", "w.npy"), np.asarray(unread_saves.pop()))
+
+        def restore_ours() -> None:
+            pw.restore(os.path.join(folder, "ours"), {"w": ours_big})["w"].delete()
+
+        def restore_jax() -> None:
+            path = os.path.join(folder, "jax", "w.npy")
+            jax.device_put(np.load(path), sharding).block_until_ready()
+
+        unread_saves = [jax.device_put(host_big, sharding) for _ in range(repeats + 1)]
         result = {
+            "save_big": _turns(save_ours, save_jax, repeats),
+            "restore_big": _turns(restore_ours, restore_jax, repeats),
+        }
+        back = pw.restore(os.path.join(folder, "ours"), {"w": ours_big})["w"]
+        np.testing.assert_array_equal(back.fetch(), host_big)
+        shutil.rmtree(folder, ignore_errors=True)
+        result |= {
             "fetch_pytree": _turns(
                 lambda: pw.fetch(ours_tree), lambda: jax.device_get(unread_trees.pop()), repeats
             ),
