@@ -25,6 +25,7 @@ def _state(vs: pw.VirtualSlice) -> dict[str, object]:
         "half": vs.put(np.linspace(0, 1, 6).astype(ml_dtypes.bfloat16), P()),
         "key": vs.put(jax.random.key(3)),
         "layers": [vs.put(np.full((2, 2), i, np.float32), P("x")) for i in range(2)],
+        "empty": vs.put(np.zeros((0, 4), np.float32), P()),
     }
 
 
@@ -35,6 +36,7 @@ def test_save_then_restore_gives_the_same_arrays(client: pw.Client, tmp_path: Pa
     names = pw.save(tmp_path / "ckpt", state)
     assert sorted(names) == sorted(
         [
+            "empty.npy",
             "half.npy",
             "key.npy",
             "layers.0.npy",

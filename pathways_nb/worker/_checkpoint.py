@@ -112,13 +112,16 @@ def read(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """The array in the ``.npy`` file at ``path``, which must hold ``shape`` and
     ``dtype`` (or raw bytes of ``dtype``'s size, as :func:`write` stores JAX's own
     types); ValueError saying what the file holds otherwise."""
-    arr = np.load(path, allow_pickle=False)
-    if arr.dtype != dtype and arr.dtype.kind == "V" and arr.dtype.itemsize == dtype.itemsize:
-        arr = arr.view(dtype)
-    if arr.shape != shape or arr.dtype != dtype:
+    # Mapped first: a file of another shape is refused before its bytes are read. The
+    # value is then copied into memory of the host's own, never left aliasing the file
+    # (a file rewritten in place under a mapped array would crash the host).
+    mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    found = mapped.dtype
+    if found != dtype and found.kind == "V" and found.itemsize == dtype.itemsize:
+        mapped = mapped.view(dtype)
+    if mapped.shape != shape or mapped.dtype != dtype:
         raise ValueError(
-            f"{path} holds {arr.dtype}{list(arr.shape)}, where the array to restore is "
+            f"{path} holds {found}{list(mapped.shape)}, where the array to restore is "
             f"{dtype}{list(shape)}: restore into arrays shaped as the ones saved there"
         )
-    # (np.ascontiguousarray would make a 0-d array 1-d.)
-    return arr if arr.flags.c_contiguous else arr.copy(order="C")
+    return np.array(mapped, order="C")
