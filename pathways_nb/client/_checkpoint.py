@@ -26,16 +26,15 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pathways_nb._core import BrokenError, ClosedError, encode_dtype, encode_mesh, encode_spec
+from pathways_nb._core import encode_dtype, encode_mesh, encode_spec
 from pathways_nb.client._jit import _is_remote
 from pathways_nb.client._remote import RemoteArray
+from pathways_nb.client._waiting import block
 
 if TYPE_CHECKING:
     from pathways_nb.client._session import Client
     from pathways_nb.client._slice import VirtualSlice
 
-# Seconds a wait blocks at a time, so that "interrupt kernel" gets in between.
-_SLICE = 0.1
 # The launch id of a put (restored arrays are made by no program).
 _LOCAL_LID = 0
 
@@ -62,7 +61,7 @@ def save(path: str | os.PathLike[str], tree: Any) -> list[str]:
                 "Put it on a slice first (vs.put), or keep it out of the tree"
             )
         x._check_usable()
-    futures = []
+    futures: list[concurrent.futures.Future[Any]] = []
     for name, x in named:
         client = x._client
         client._check_open()
@@ -90,7 +89,9 @@ def restore(path: str | os.PathLike[str], like: Any, *, slice: VirtualSlice | No
         vs._client._check_open()
         vs._ready_for_work()  # a lost slice: once it is remapped
         vs.check_spec(spec, shape)
-    futures, made, clients = [], [], []
+    futures: list[concurrent.futures.Future[Any]] = []
+    made: list[RemoteArray] = []
+    clients: list[Client] = []
     for name, vs, shape, dtype, spec in plans:
         client = vs._client
         wire_shape, wire_dtype = shape, dtype
@@ -207,21 +208,9 @@ def _folder(path: Any) -> str:
     return folder.rstrip("/") or "/"
 
 
-def _wait(futures: Sequence[concurrent.futures.Future[Any]], clients: Sequence[Client]) -> None:
-    """Wait for every host's answer; raise the first failure. Ctrl-C cancels the
-    clients' queued launches, as while a fetch waits."""
-    try:
-        pending = set(futures)
-        while pending:
-            _, pending = concurrent.futures.wait(pending, _SLICE)
-    except KeyboardInterrupt:
-        for c in {id(c): c for c in clients}.values():
-            c.cancel()
-        raise
-    for f in futures:
-        exc = f.exception()
-        if isinstance(exc, ClosedError | BrokenError):
-            raise exc
+def _wait(futures: list[concurrent.futures.Future[Any]], clients: Sequence[Client]) -> None:
+    """Wait for every host's answer; raise the first failure."""
+    block(futures, clients)
     for f in futures:
         exc = f.exception()
         if exc is not None:

@@ -27,6 +27,7 @@ from pathways_nb._core import BrokenError, ClosedError
 
 if TYPE_CHECKING:
     from pathways_nb.client._remote import RemoteArray
+    from pathways_nb.client._session import Client
 
 FIRST_COMPLETED = concurrent.futures.FIRST_COMPLETED
 FIRST_EXCEPTION = concurrent.futures.FIRST_EXCEPTION
@@ -74,17 +75,7 @@ def wait(
     xs = _arrays(arrays, "pw.wait")
     futures = [x._client._ready_future(x) for x in xs]
     deadline = None if limit is None else time.monotonic() + limit
-    try:
-        while not _met(futures, return_when):
-            left = _left(deadline)
-            if left == 0:
-                break
-            # In slices, so that an interrupt the kernel raises between them gets in.
-            concurrent.futures.wait(futures, _slice(left), return_when)
-    except KeyboardInterrupt:
-        _cancel(xs)
-        raise
-    _raise_client_failure(futures)
+    block(futures, [x._client for x in xs], return_when, deadline)
     flags = [f.done() for f in futures]  # once: one may finish while this reads them
     done = [x for x, d in zip(xs, flags, strict=True) if d]
     return DoneAndNotDone(done, [x for x, d in zip(xs, flags, strict=True) if not d])
@@ -167,7 +158,7 @@ class AsCompleted:
                     if left is not None and left <= _SLICE:
                         raise self._timed_out() from None
         except KeyboardInterrupt:
-            _cancel(self._arrays)
+            _cancel(x._client for x in self._arrays)
             raise
         return self._take(index)
 
@@ -226,6 +217,29 @@ def _arrays(arrays: Any, what: str) -> list[RemoteArray]:
     return out
 
 
+def block(
+    futures: list[concurrent.futures.Future[Any]],
+    clients: Iterable[Client],
+    return_when: str = ALL_COMPLETED,
+    deadline: float | None = None,
+) -> None:
+    """Wait for ``futures`` (answers of the clients' hosts) as ``concurrent.futures.wait``
+    does, until ``deadline`` (``time.monotonic()``) if given. Ctrl-C cancels the clients'
+    queued launches, as while a fetch waits; a client that closed or broke meanwhile
+    raises."""
+    try:
+        while not _met(futures, return_when):
+            left = _left(deadline)
+            if left == 0:
+                break
+            # In slices, so that an interrupt the kernel raises between them gets in.
+            concurrent.futures.wait(futures, _slice(left), return_when)
+    except KeyboardInterrupt:
+        _cancel(clients)
+        raise
+    _raise_client_failure(futures)
+
+
 def _met(futures: list[concurrent.futures.Future[Any]], return_when: str) -> bool:
     done = [f for f in futures if f.done()]
     if len(done) == len(futures):
@@ -267,6 +281,6 @@ def _raise_client_failure(futures: Iterable[concurrent.futures.Future[Any]]) -> 
                 raise exc
 
 
-def _cancel(arrays: Iterable[RemoteArray]) -> None:
-    for client in {id(x._client): x._client for x in arrays}.values():
+def _cancel(clients: Iterable[Client]) -> None:
+    for client in {id(c): c for c in clients}.values():
         client.cancel()
