@@ -22,6 +22,7 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
+from _processes import gone
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
@@ -36,20 +37,6 @@ pytestmark = pytest.mark.slow
 def local() -> Iterator[pw.LocalCluster]:
     with pw.LocalCluster(islands=2, devices_per_island=4) as c:
         yield c
-
-
-def _gone(pids: list[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [
-            p
-            for p in pids
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
-        if not alive:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _cluster_pids(parent: int) -> list[int]:
@@ -614,7 +601,7 @@ def test_start_twice_close_twice_leaves_no_processes() -> None:
     for c in (first, second):
         c.close()
         c.close()
-    assert _gone(pids, 30), f"still running: {pids}"
+    assert gone(pids, 30), f"still running: {pids}"
 
 
 def test_a_host_that_cannot_start_fails_the_cluster_at_once_naming_why() -> None:
@@ -639,7 +626,7 @@ def test_a_host_that_cannot_start_fails_the_cluster_at_once_naming_why() -> None
     # Waiting for the hosts no longer fills the scheduler's log with the probes'
     # connections, which left no room there for anything else.
     assert "closed before handshake" not in message
-    assert _gone(sorted(set(_cluster_pids(os.getpid())) - before), 30)
+    assert gone(sorted(set(_cluster_pids(os.getpid())) - before), 30)
 
 
 def test_a_killed_kernel_leaves_no_orphans(tmp_path: object) -> None:
@@ -660,7 +647,7 @@ def test_a_killed_kernel_leaves_no_orphans(tmp_path: object) -> None:
     assert len(pids) >= 3
     kernel.kill()
     kernel.wait()
-    assert _gone(pids, 40), f"orphans: {pids}"
+    assert gone(pids, 40), f"orphans: {pids}"
     # Nor its logs' folder, which the dead kernel could not remove.
     assert not logs.exists()
 
@@ -818,7 +805,7 @@ def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
         pids = [first.scheduler_pid, *first.worker_pids()]
     finally:
         magics.pathways("stop")
-    assert magics.session.client is None and _gone(pids, 30)
+    assert magics.session.client is None and gone(pids, 30)
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> dict:
@@ -885,7 +872,7 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
         assert "kernel-a" in text and "pathways-nb status" not in text
         served.send_signal(signal.SIGINT)
         assert served.wait(60) == 0
-        assert _gone(pids, 30), f"still running: {pids}"
+        assert gone(pids, 30), f"still running: {pids}"
         assert not info_file.exists()
         with pytest.raises(pw.BrokenError, match="went away"):
             va.put(x).fetch()

@@ -7,40 +7,16 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
-import psutil
 import pytest
+from _processes import gone, tree
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb.lab._launched import Launched, check_size
 
 pytestmark = pytest.mark.slow
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (the cluster's own watch it, not the session)."""
-    try:
-        p = psutil.Process(pid)
-        return [pid, *(c.pid for c in p.children(recursive=True))]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _gone(pids: list[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [
-            p
-            for p in pids
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
-        if not alive:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_started_cluster_serves_notebooks_and_stops() -> None:
@@ -50,7 +26,7 @@ def test_a_started_cluster_serves_notebooks_and_stops() -> None:
         address = started["address"]
         assert started["islands"] == 2 and started["devices_per_island"] == 2
         assert [c["address"] for c in launched.running()] == [address]
-        pids = _tree(started["pid"])
+        pids = tree(started["pid"])
         assert len(pids) >= 7  # the command, the scheduler, and a nanny and worker per island
         with pw.Client(address) as client:
             assert len(client.status().islands) == 2
@@ -59,7 +35,7 @@ def test_a_started_cluster_serves_notebooks_and_stops() -> None:
             y = pw.jit(lambda v: v * 2.0)(vs.put(x, P("x")))
             np.testing.assert_array_equal(y.fetch(), x * 2.0)
         assert launched.stop(address)
-        assert _gone(pids, 40), f"still running: {pids}"
+        assert gone(pids, 40), f"still running: {pids}"
         assert launched.running() == []
         assert not launched.stop(address)  # stopped already: nothing of ours there
         assert not launched.stop("tcp://127.0.0.1:1")
@@ -102,11 +78,11 @@ def test_a_killed_server_leaves_no_cluster_behind() -> None:
     try:
         assert proc.stdout is not None
         started = json.loads(proc.stdout.readline())
-        pids = _tree(started["pid"])
+        pids = tree(started["pid"])
         assert len(pids) >= 4
         proc.kill()
         proc.wait()
-        assert _gone(pids, 40), f"orphans: {pids}"
+        assert gone(pids, 40), f"orphans: {pids}"
     finally:
         if proc.poll() is None:
             proc.kill()

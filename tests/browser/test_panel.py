@@ -12,7 +12,6 @@ notebook, and stops it, leaving no process behind.
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,9 +19,9 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-import psutil
 import pytest
 from _lab import ARTIFACTS, browser_page, lab_server
+from _processes import gone, tree
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
@@ -166,8 +165,7 @@ def test_the_panel_starts_a_cluster_a_notebook_uses_and_stops_it(lab: str) -> No
             assert page.locator(".pw-panel-stop").is_visible()
             started = [c for c in _api(lab, "pathways-nb/clusters")["clusters"] if c["stoppable"]]
             assert [(c["address"], c["source"]) for c in started] == [(address, "started here")]
-            pids = [started[0]["pid"]]
-            pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
+            pids = tree(started[0]["pid"])
 
             page.click(".pw-panel-insert")
             cell = page.locator(".jp-Notebook .jp-Cell .cm-content").last
@@ -193,12 +191,6 @@ def test_the_panel_starts_a_cluster_a_notebook_uses_and_stops_it(lab: str) -> No
             offered = page.locator(".pw-panel-clusters option").all_inner_texts()
             assert offered[0] == "choose a cluster…" and not any(address in o for o in offered)
             assert not any(c["stoppable"] for c in _api(lab, "pathways-nb/clusters")["clusters"])
-            deadline = time.monotonic() + 40
-            while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            left = [
-                p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-            ]
-            assert not left, f"still running: {left}"
+            assert gone(pids, 40), f"still running: {pids}"
         finally:
             page.screenshot(path=str(ARTIFACTS / "lab-panel-start.png"), full_page=True)
