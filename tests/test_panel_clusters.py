@@ -14,7 +14,7 @@ from _processes import gone, tree
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from pathways_nb.lab._launched import Launched, check_size
+from pathways_nb.lab._launched import Launched, check_platform, check_size
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +25,7 @@ def test_a_started_cluster_serves_notebooks_and_stops() -> None:
         started = launched.start(2, 2)
         address = started["address"]
         assert started["islands"] == 2 and started["devices_per_island"] == 2
+        assert started["platform"] == "cpu"
         assert [c["address"] for c in launched.running()] == [address]
         pids = tree(started["pid"])
         assert len(pids) >= 7  # the command, the scheduler, and a nanny and worker per island
@@ -52,6 +53,10 @@ def test_a_cluster_that_does_not_come_up_in_time_is_stopped() -> None:
 
 def test_sizes_the_panel_cannot_start_are_refused() -> None:
     assert check_size(2, 4) == (2, 4)
+    assert [check_platform(p) for p in ("cpu", "auto")] == ["cpu", "auto"]
+    for bad in ("gpu", None, 1):
+        with pytest.raises(ValueError, match=r"platform is 'cpu' .* or 'auto' .*; got"):
+            check_platform(bad)
     for islands, devices, word in [
         (0, 4, "islands"),
         (2, 0, "devices_per_island"),

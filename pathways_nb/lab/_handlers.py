@@ -24,7 +24,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pathways_nb.lab._launched import Launched, check_size
+from pathways_nb.lab._launched import Launched, check_platform, check_size
 
 if TYPE_CHECKING:
     from pathways_nb.lab._boards import Boards
@@ -92,19 +92,21 @@ class ClustersHandler(_Handler):
 
     @tornado.web.authenticated
     async def post(self) -> None:
-        """Start a cluster: ``{"islands": N, "devices_per_island": M}``."""
+        """Start a cluster: ``{"islands": N, "devices_per_island": M, "platform": P}``
+        (``"cpu"``, the default, or ``"auto"``)."""
         try:
             body = json.loads(self.request.body or b"{}")
             if not isinstance(body, dict):
                 raise ValueError(f"the request is a JSON object; got {type(body).__name__}")
             islands, devices = check_size(body.get("islands"), body.get("devices_per_island"))
+            platform = check_platform(body.get("platform", "cpu"))
         except ValueError as exc:
             self._reply({"error": str(exc)}, 400)
             return
         loop = asyncio.get_running_loop()
         try:
             started = await loop.run_in_executor(
-                self.launches, self._launched.start, islands, devices
+                self.launches, self._launched.start, islands, devices, platform
             )
         except RuntimeError as exc:
             self._reply({"error": str(exc)}, 500)

@@ -37,6 +37,7 @@ class _Started:
     address: str
     islands: int
     devices: int
+    platform: str
     process: subprocess.Popen[bytes]
     folder: str
 
@@ -45,6 +46,7 @@ class _Started:
             "address": self.address,
             "islands": self.islands,
             "devices_per_island": self.devices,
+            "platform": self.platform,
             "pid": self.process.pid,
         }
 
@@ -62,6 +64,20 @@ def check_size(islands: object, devices: object) -> tuple[int, int]:
     return out[0], out[1]
 
 
+PLATFORMS = ("cpu", "auto")
+
+
+def check_platform(platform: object) -> str:
+    """``"cpu"`` (simulated devices) or ``"auto"`` (the accelerators each host finds),
+    as ``pathways-nb cluster --platform`` takes them; ValueError otherwise."""
+    if platform not in PLATFORMS:
+        raise ValueError(
+            f"platform is 'cpu' (simulated CPU devices) or 'auto' (the accelerators each "
+            f"host finds: GPUs, TPUs); got {platform!r}"
+        )
+    return str(platform)
+
+
 class Launched:
     """The clusters this server started, by scheduler address."""
 
@@ -70,12 +86,19 @@ class Launched:
         self._started: dict[str, _Started] = {}
 
     def start(
-        self, islands: object, devices: object, timeout: float = START_SECONDS
+        self,
+        islands: object,
+        devices: object,
+        platform: object = "cpu",
+        timeout: float = START_SECONDS,
     ) -> dict[str, Any]:
-        """Start a cluster of ``islands`` hosts with ``devices`` simulated CPU devices
-        each; return its address once every host is up. ValueError for a size it does
-        not take; RuntimeError, with the cluster's own words, when it fails to start."""
+        """Start a cluster of ``islands`` hosts with ``devices`` devices each (simulated
+        CPU devices, or with ``platform="auto"`` the accelerators each host finds);
+        return its address once every host is up. ValueError for a size or platform it
+        does not take; RuntimeError, with the cluster's own words, when it fails to
+        start."""
         n_islands, n_devices = check_size(islands, devices)
+        kind = check_platform(platform)
         folder = tempfile.mkdtemp(prefix="pathways-panel-")
         info_file = os.path.join(folder, "scheduler.json")
         log_path = os.path.join(folder, "cluster.log")
@@ -88,6 +111,8 @@ class Launched:
             str(n_islands),
             "--devices",
             str(n_devices),
+            "--platform",
+            kind,
             "--scheduler-file",
             info_file,
             "--no-dashboard",
@@ -108,7 +133,7 @@ class Launched:
                 text = _tail(log_path)
                 shutil.rmtree(folder, ignore_errors=True)
                 raise RuntimeError(
-                    f"the cluster of {n_islands} islands x {n_devices} devices failed to "
+                    f"the cluster of {n_islands} islands x {n_devices} {kind} devices failed to "
                     f"start (exit status {process.returncode}): {text}"
                 )
             if time.monotonic() > deadline:
@@ -116,11 +141,11 @@ class Launched:
                 text = _tail(log_path)
                 shutil.rmtree(folder, ignore_errors=True)
                 raise RuntimeError(
-                    f"the cluster of {n_islands} islands x {n_devices} devices did not "
+                    f"the cluster of {n_islands} islands x {n_devices} {kind} devices did not "
                     f"come up within {timeout:.0f} s; stopped it. Its output: {text}"
                 )
             time.sleep(0.1)
-        started = _Started(address, n_islands, n_devices, process, folder)
+        started = _Started(address, n_islands, n_devices, kind, process, folder)
         with self._lock:
             self._started[address] = started
         return started.to_dict()

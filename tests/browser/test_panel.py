@@ -137,6 +137,7 @@ def test_the_server_refuses_clusters_it_cannot_start_or_did_not_start(lab: str) 
         ({"islands": 1}, "devices_per_island"),
         ({"islands": 1, "devices_per_island": "2"}, "devices_per_island"),
         ([1, 2], "JSON object"),
+        ({"islands": 1, "devices_per_island": 1, "platform": "gpu"}, "platform is 'cpu'"),
     ]:
         code, message = _refused(lab, "pathways-nb/clusters", "POST", body)
         assert code == 400 and word in message, message

@@ -27,6 +27,7 @@ export class PathwaysPanel extends Widget {
   private timeline = document.createElement('div');
   private islands = document.createElement('input');
   private devices = document.createElement('input');
+  private platform = document.createElement('select');
   private start = document.createElement('button');
   private stop = document.createElement('button');
   private insert = document.createElement('button');
@@ -78,7 +79,18 @@ export class PathwaysPanel extends Widget {
       el.title = title;
     };
     size(this.islands, 'pw-panel-islands', '2', 'islands: one worker host each');
-    size(this.devices, 'pw-panel-devices', '4', 'simulated CPU devices per island');
+    size(this.devices, 'pw-panel-devices', '4', 'devices per island');
+    this.platform.className = 'pw-panel-platform';
+    this.platform.title = "the hosts' devices";
+    for (const [value, text] of [
+      ['cpu', 'simulated CPUs'],
+      ['auto', "this machine's accelerators"]
+    ]) {
+      const o = document.createElement('option');
+      o.value = value;
+      o.textContent = text;
+      this.platform.append(o);
+    }
     this.start.className = 'pw-panel-start jp-mod-styled';
     this.start.textContent = 'Start a cluster';
     this.start.title = 'start a local cluster of this many islands and devices per island';
@@ -91,6 +103,7 @@ export class PathwaysPanel extends Widget {
     launch.append(
       label('islands ', this.islands),
       label('devices ', this.devices),
+      this.platform,
       this.start
     );
 
@@ -161,12 +174,13 @@ export class PathwaysPanel extends Widget {
   private async startCluster(): Promise<void> {
     const islands = Number(this.islands.value);
     const devices = Number(this.devices.value);
+    const platform = this.platform.value;
     this.start.disabled = true;
     this.say(`starting a cluster of ${islands} islands x ${devices} devices…`);
     try {
       const reply = await getJSON<Cluster & { error?: string }>('clusters', '', {
         method: 'POST',
-        body: JSON.stringify({ islands, devices_per_island: devices })
+        body: JSON.stringify({ islands, devices_per_island: devices, platform })
       });
       if (reply.error) {
         this.say(reply.error, true);
