@@ -85,6 +85,13 @@ def test_restore_onto_another_slice_and_from_shapes(client: pw.Client, tmp_path:
     plain = pw.restore(tmp_path, {"w": jax.ShapeDtypeStruct((4, 4), np.float32)}, slice=b)["w"]
     assert plain.spec == P()
     np.testing.assert_array_equal(plain.fetch(), w.fetch())
+    # A tree over several slices (a pipeline's stages): each leaf by its own slice's host.
+    stages = [w, b.put(np.ones((2, 2), np.float32), P("y"))]
+    pw.save(tmp_path / "stages", stages)
+    back = pw.restore(tmp_path / "stages", stages)
+    assert [x.slice for x in back] == [a, b] and [x.spec for x in back] == [P("x"), P("y")]
+    for got, want in zip(back, stages, strict=True):
+        np.testing.assert_array_equal(got.fetch(), want.fetch())
 
 
 def test_a_new_save_replaces_the_old_whole(client: pw.Client, tmp_path: Path) -> None:
