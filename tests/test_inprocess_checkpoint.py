@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
+from pathways_nb._core import Config
 
 
 def _state(vs: pw.VirtualSlice) -> dict[str, object]:
@@ -144,3 +145,29 @@ def test_failures_are_readable(client: pw.Client, tmp_path: Path) -> None:
         pw.save(tmp_path, {"gone": gone})
     # The store holds nothing of the failed restores.
     np.testing.assert_array_equal(w.fetch(), np.ones(4, np.float32))
+
+
+def test_a_checkpoint_root_confines_where_hosts_write_and_read(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    (root / "escape").symlink_to(outside, target_is_directory=True)
+    with (
+        pw.InProcessCluster(1, 2, config=Config(checkpoint_root=str(root))) as c,
+        c.client() as client,
+    ):
+        vs = client.allocate({"x": 2})
+        w = vs.put(np.arange(4, dtype=np.float32), P("x"))
+        pw.save(root / "run1", {"w": w})
+        np.testing.assert_array_equal(
+            pw.restore(root / "run1", {"w": w})["w"].fetch(), np.arange(4, dtype=np.float32)
+        )
+        for where in (outside, root / "escape" / "run", root / ".." / "outside"):
+            with pytest.raises(pw.RemoteError, match=r"outside this cluster's checkpoint folder"):
+                pw.save(where, {"w": w})
+        assert not outside.exists()
+        np.save(tmp_path / "w.npy", np.zeros(4, np.float32))
+        with pytest.raises(pw.RemoteError, match=r"outside this cluster's checkpoint folder"):
+            pw.restore(tmp_path, {"w": w})
+    with pytest.raises(ValueError, match="checkpoint_root must be an absolute path"):
+        Config(checkpoint_root="relative")

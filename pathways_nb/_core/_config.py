@@ -101,6 +101,10 @@ class Config:
     # machine that reports freed memory to its host, the host's faults as well. 0 keeps
     # none.
     receive_pool_bytes: int = 1 << 30
+    # The folder under which hosts write and read checkpoints (pw.save, pw.restore);
+    # empty: anywhere the host's own user may. Files are the hosts' user's, whichever
+    # tenant asked: a cluster several people share confines them here.
+    checkpoint_root: str = ""
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
@@ -124,6 +128,11 @@ class Config:
                     f"{name} must be 0 (no limit) or a positive number; got "
                     f"{getattr(self, name)} (PATHWAYS_{name.upper()})"
                 )
+        if self.checkpoint_root and not os.path.isabs(self.checkpoint_root):
+            raise ValueError(
+                "checkpoint_root must be an absolute path (or empty: no confinement); got "
+                f"{self.checkpoint_root!r} (PATHWAYS_CHECKPOINT_ROOT)"
+            )
         if not 0 <= self.cpu_device_nice <= 19:
             raise ValueError(
                 f"cpu_device_nice must be a nice value from 0 (off) to 19; "
@@ -161,6 +170,7 @@ class Config:
             tenant_max_devices=_env_int(env, "PATHWAYS_TENANT_MAX_DEVICES", d.tenant_max_devices),
             tenant_store_bytes=_env_int(env, "PATHWAYS_TENANT_STORE_BYTES", d.tenant_store_bytes),
             receive_pool_bytes=_env_int(env, "PATHWAYS_RECEIVE_POOL_BYTES", d.receive_pool_bytes),
+            checkpoint_root=env.get("PATHWAYS_CHECKPOINT_ROOT", d.checkpoint_root),
         )
 
 

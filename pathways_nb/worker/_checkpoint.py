@@ -42,8 +42,10 @@ class Checkpoints:
         to_client: ToClient,
         store_put: StorePut,
         put_failed: PutFailed,
+        root: str = "",
     ) -> None:
         self.host = host
+        self.root = root
         self._store = store
         self._pool = pool
         self._to_client = to_client
@@ -61,7 +63,7 @@ class Checkpoints:
                 answer = {"t": "failed", "rid": rid, "error": entry.error.to_dict()}
             else:
                 try:
-                    write(path, entry.value)
+                    write(self._confined(path), entry.value)
                 except Exception as exc:
                     sname = entry.origin[1]
                     err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
@@ -80,13 +82,28 @@ class Checkpoints:
         def read_and_store() -> None:
             try:
                 dtype = decode_dtype(h["dtype"])
-                arr = read(h["path"], tuple(int(n) for n in h["shape"]), dtype)
+                arr = read(self._confined(h["path"]), tuple(int(n) for n in h["shape"]), dtype)
                 if self._store_put(identity, h, arr):
                     self._to_client(identity, {"t": "reply", "rid": h["rid"]}, ())
             except Exception as exc:
                 self._put_failed(identity, h, exc, "restore")
 
         self._pool.submit(read_and_store)
+
+    def _confined(self, path: str) -> str:
+        """``path``, if this host may write and read it: anywhere without a checkpoint
+        root, under it (symbolic links resolved) with one; PermissionError otherwise."""
+        if not os.path.isabs(path):
+            raise ValueError(f"a checkpoint's path is absolute; got {path!r}")
+        if self.root:
+            root = os.path.realpath(self.root)
+            if os.path.commonpath([os.path.realpath(path), root]) != root:
+                raise PermissionError(
+                    f"{path} is outside this cluster's checkpoint folder {self.root} "
+                    "(PATHWAYS_CHECKPOINT_ROOT, set where the hosts run): save and "
+                    "restore under it"
+                )
+        return path
 
 
 def write(path: str, value: Any) -> None:

@@ -158,7 +158,13 @@ class Host:
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"pw-fetch-{name}")
         self._answers = Answers(name, self.store, self._to_client, self._pool)
         self._checkpoints = Checkpoints(
-            name, self.store, self._pool, self._to_client, self._store_or_park, self._put_failed
+            name,
+            self.store,
+            self._pool,
+            self._to_client,
+            self._store_or_park,
+            self._put_failed,
+            self.config.checkpoint_root,
         )
         self._versions = local_versions()
         self._peers = Peers(name, self._versions)
