@@ -209,6 +209,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "tenant_max_devices": "6",
         "tenant_store_bytes": "8192",
         "receive_pool_bytes": "65536",
+        "checkpoint_root": "/srv/checkpoints",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -232,6 +233,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         tenant_max_devices=6,
         tenant_store_bytes=8192,
         receive_pool_bytes=65536,
+        checkpoint_root="/srv/checkpoints",
     )
 
 
