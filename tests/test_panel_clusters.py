@@ -14,6 +14,7 @@ from _processes import gone, tree
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
+from pathways_nb.lab import _launched as launched_module
 from pathways_nb.lab._launched import Launched, check_platform, check_size
 
 pytestmark = pytest.mark.slow
@@ -40,6 +41,20 @@ def test_a_started_cluster_serves_notebooks_and_stops() -> None:
         assert launched.running() == []
         assert not launched.stop(address)  # stopped already: nothing of ours there
         assert not launched.stop("tcp://127.0.0.1:1")
+    finally:
+        launched.close()
+
+
+def test_a_server_starts_at_most_a_few_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launched_module, "MAX_STARTED", 1)
+    launched = Launched()
+    try:
+        first = launched.start(1, 1)["address"]
+        with pytest.raises(ValueError, match=rf"runs 1 clusters it started already.*{first}"):
+            launched.start(1, 1)
+        assert launched.stop(first)
+        second = launched.start(1, 1)["address"]  # room again
+        assert [c["address"] for c in launched.running()] == [second]
     finally:
         launched.close()
 

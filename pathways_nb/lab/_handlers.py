@@ -108,6 +108,9 @@ class ClustersHandler(_Handler):
             started = await loop.run_in_executor(
                 self.launches, self._launched.start, islands, devices, platform
             )
+        except ValueError as exc:  # as many running as the server starts
+            self._reply({"error": str(exc)}, 409)
+            return
         except RuntimeError as exc:
             self._reply({"error": str(exc)}, 500)
             return

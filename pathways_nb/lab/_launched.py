@@ -26,6 +26,8 @@ from typing import Any
 # devices each are what it can run (a request past these is refused, not queued).
 MAX_ISLANDS = 16
 MAX_DEVICES = 64
+# Clusters one server runs at once: each is several processes importing JAX.
+MAX_STARTED = 4
 # Seconds a cluster has to come up: its scheduler, controller and hosts start and
 # register, each importing JAX.
 START_SECONDS = 180.0
@@ -99,6 +101,13 @@ class Launched:
         start."""
         n_islands, n_devices = check_size(islands, devices)
         kind = check_platform(platform)
+        running = self.running()
+        if len(running) >= MAX_STARTED:
+            raise ValueError(
+                f"this server runs {len(running)} clusters it started already, the most it "
+                f"starts ({', '.join(c['address'] for c in running)}): stop one first, or "
+                "connect another notebook to one of them"
+            )
         folder = tempfile.mkdtemp(prefix="pathways-panel-")
         info_file = os.path.join(folder, "scheduler.json")
         log_path = os.path.join(folder, "cluster.log")
