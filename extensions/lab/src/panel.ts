@@ -161,8 +161,7 @@ export class PathwaysPanel extends Widget {
     this.address = address;
     this.stopped = false;
     this.stop.hidden = !this.stoppable.has(address);
-    this.message.classList.remove('pw-panel-error');
-    this.message.textContent = `connecting to ${address}…`;
+    this.say(`connecting to ${address}…`);
     void this.refresh();
   }
 
