@@ -201,3 +201,28 @@ def test_interrupt_while_waiting_cancels_queued_work(client: pw.Client, how: str
         else:
             list(pw.as_completed(outs))
     assert "cancelled" in outcomes(client, outs)
+
+
+def test_as_completed_takes_arrays_added_while_iterating(
+    client: pw.Client, two: tuple[pw.VirtualSlice, ...]
+) -> None:
+    a, _ = two
+    client.inject_fault(a, match="first", kind="delay:0.5")
+    run = pw.jit(lambda v, k: v * k, name="first")
+    later = pw.jit(lambda v, k: v * k, name="later")
+    x = {vs.name: vs.put(np.ones(2, np.float32), P("x")) for vs in two}
+    # Two runs going at a time, the next launched on the slice that came free.
+    runs = [run(x["a"], 1.0), run(x["b"], 2.0)]
+    it = pw.as_completed(runs)
+    queue = [3.0, 4.0]
+    got = []
+    for done in it:
+        got.append(float(done.sum()))
+        if queue:
+            it.add(later(x[done.slice.name], queue.pop(0)))
+    assert len(it) == 0
+    assert sorted(got) == [2.0, 4.0, 6.0, 8.0] and got[0] == 4.0  # b's first run is fast
+    it.add(runs[0])  # given already: not taken twice
+    assert len(it) == 0
+    with pytest.raises(TypeError, match=r"as_completed\.add takes RemoteArrays"):
+        it.add(np.ones(2))  # type: ignore[arg-type]

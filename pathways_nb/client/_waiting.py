@@ -87,7 +87,7 @@ def as_completed(arrays: Iterable[RemoteArray], timeout: float | None = None) ->
     Those already computed come first, in the order given. ``timeout`` is seconds from
     this call; past it, the iteration raises ``TimeoutError`` naming how many arrays are
     not computed. Works with ``for`` and, in a notebook cell or an asyncio program,
-    with ``async for``::
+    with ``async for``; ``.add(x)`` takes one more array while iterating::
 
         for loss in pw.as_completed(losses):
             print(float(loss))  # raises the program's error if it failed
@@ -121,6 +121,20 @@ class AsCompleted:
     def __len__(self) -> int:
         """Arrays not yet yielded."""
         return self._left
+
+    def add(self, array: RemoteArray) -> None:
+        """Take ``array`` too, as Dask's ``as_completed.add``: a loop that keeps a few
+        runs going launches the next as one finishes and adds it here. An array given
+        already is not taken twice."""
+        (x,) = _arrays([array], "as_completed.add")
+        if any(x is y for y in self._arrays):
+            return
+        future = x._client._ready_future(x)
+        index = len(self._arrays)
+        self._arrays.append(x)
+        self._futures.append(future)
+        self._left += 1
+        future.add_done_callback(functools.partial(self._on_done, index))
 
     def _on_done(self, index: int, _: object = None) -> None:
         self._finished.put(index)
