@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb._core import Config
+from pathways_nb.client import Saving
 
 
 def _state(vs: pw.VirtualSlice) -> dict[str, object]:
@@ -171,3 +172,30 @@ def test_a_checkpoint_root_confines_where_hosts_write_and_read(tmp_path: Path) -
             pw.restore(tmp_path, {"w": w})
     with pytest.raises(ValueError, match="checkpoint_root must be an absolute path"):
         Config(checkpoint_root="relative")
+
+
+def test_a_background_save_copies_first_so_the_next_step_may_donate(
+    client: pw.Client, tmp_path: Path
+) -> None:
+    vs = client.allocate({"x": 2})
+    state = {"w": vs.put(np.arange(8, dtype=np.float32), P("x")), "n": vs.put(np.int32(0))}
+    step = pw.jit(lambda s: {"w": s["w"] * 2.0, "n": s["n"] + 1}, donate_argnums=0)
+    state = step(state)
+    want = pw.fetch(state)
+    saving = pw.save(tmp_path / "ckpt", state, wait=False)
+    assert isinstance(saving, Saving)
+    for _ in range(3):  # training goes on, donating the saved arrays
+        state = step(state)
+    assert sorted(saving.result()) == ["n.npy", "w.npy"]
+    assert sorted(saving.result()) == ["n.npy", "w.npy"]  # asked again: the same answer
+    assert "written" in repr(saving)
+    np.testing.assert_array_equal(np.load(tmp_path / "ckpt" / "w.npy"), want["w"])
+    assert int(np.load(tmp_path / "ckpt" / "n.npy")) == 1
+    assert int(state["n"].fetch()) == 4
+
+    (tmp_path / "file").write_text("")
+    failing = pw.save(tmp_path / "file" / "ckpt", state, wait=False)
+    for _ in range(2):
+        with pytest.raises(pw.RemoteError, match=r"NotADirectoryError.*\(program save"):
+            failing.result()
+    assert "failed" in repr(failing)

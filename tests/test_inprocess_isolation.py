@@ -146,6 +146,7 @@ def test_a_host_serves_a_connection_only_its_tenants_arrays(
         # Nor may it write another's array to a file, or read a file into its handle.
         {"t": "save", "rid": 9, "handle": x.handle, "path": "/tmp/pathways-stolen.npy"},
         {"t": "load", "rid": 10, "handle": x.handle, "path": "/tmp/x.npy", **put},
+        {"t": "saved", "rid": 11, "handle": x.handle, "path": "/tmp/x.npy"},
     ):
         reply = raw.ask(sock, header)
         assert reply["t"] == "error" and reply["rid"] == header["rid"], reply

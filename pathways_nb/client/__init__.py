@@ -1,6 +1,6 @@
 """The client: a notebook's session, virtual slices, remote arrays and ``pw.jit``."""
 
-from pathways_nb.client._checkpoint import restore, save
+from pathways_nb.client._checkpoint import Saving, restore, save
 from pathways_nb.client._export import TraceError
 from pathways_nb.client._futures import Future
 from pathways_nb.client._graph import DataflowGraph, GraphArray
@@ -25,6 +25,7 @@ __all__ = [
     "RemoteArray",
     "RemoteFunction",
     "RemoteShard",
+    "Saving",
     "Status",
     "TraceError",
     "VirtualDevice",

@@ -19,8 +19,9 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import jax
 import numpy as np
@@ -39,7 +40,11 @@ if TYPE_CHECKING:
 _LOCAL_LID = 0
 
 
-def save(path: str | os.PathLike[str], tree: Any) -> list[str]:
+@overload
+def save(path: str | os.PathLike[str], tree: Any, *, wait: Literal[True] = ...) -> list[str]: ...
+@overload
+def save(path: str | os.PathLike[str], tree: Any, *, wait: Literal[False]) -> Saving: ...
+def save(path: str | os.PathLike[str], tree: Any, *, wait: bool = True) -> list[str] | Saving:
     """Write every RemoteArray of ``tree`` into the folder ``path`` on the hosts'
     filesystem, each by the host that holds it; return the files' names. Returns once
     all are written (each waits for the program that makes it), or raises the first
@@ -47,6 +52,11 @@ def save(path: str | os.PathLike[str], tree: Any) -> list[str]:
 
         pw.save("/ckpt/step_100", {"params": params, "opt": opt_state})
         state = pw.restore("/ckpt/step_100", {"params": params, "opt": opt_state})
+
+    With ``wait=False`` it returns once every array is computed and copied into its
+    host's memory, as Orbax's asynchronous checkpointing does: the files are written
+    in the background while training goes on (the next step may donate the arrays),
+    and the :class:`Saving` returned says how the writes ended (``.result()``).
 
     A file is written whole or not at all, so a checkpoint there before stays readable
     until its replacement is complete. ``path`` must be absolute: the hosts resolve it,
@@ -62,13 +72,60 @@ def save(path: str | os.PathLike[str], tree: Any) -> list[str]:
             )
         x._check_usable()
     futures: list[concurrent.futures.Future[Any]] = []
+    asks: list[tuple[Client, str, dict[str, Any]]] = []
     for name, x in named:
         client = x._client
         client._check_open()
         header = {"t": "save", "handle": x.handle, "path": f"{folder}/{name}.npy"}
-        futures.append(client._io.host_request(x.slice.data_address, header))
+        if not wait:
+            header["background"] = True
+            asks.append((client, x.slice.data_address, {**header, "t": "saved"}))
+        futures.append(client._io.host_request(x.slice.data_address, dict(header)))
     _wait(futures, [x._client for _, x in named])
-    return [f"{name}.npy" for name, _ in named]
+    names = [f"{name}.npy" for name, _ in named]
+    return names if wait else Saving(names, asks)
+
+
+class Saving:
+    """A checkpoint :func:`save` is writing in the background: its arrays are copied
+    on their hosts already; :meth:`result` waits for the files."""
+
+    def __init__(self, names: list[str], asks: list[tuple[Client, str, dict[str, Any]]]):
+        self.names = names
+        self._asks = asks
+        self._futures: list[concurrent.futures.Future[Any]] | None = None
+        self._outcome: BaseException | None = None
+        self._over = False
+
+    def __repr__(self) -> str:
+        state = "written" if self._over and self._outcome is None else "writing"
+        if self._outcome is not None:
+            state = "failed"
+        return f"<pw.Saving of {len(self.names)} files, {state}>"
+
+    def result(self, timeout: float | None = None) -> list[str]:
+        """The files' names once all are written; raises the first write's failure, or
+        TimeoutError after ``timeout`` seconds (ask again later: nothing is lost)."""
+        if not self._over:
+            if self._futures is None:  # each host answers how a write ended once
+                self._futures = [
+                    c._io.host_request(address, dict(h)) for c, address, h in self._asks
+                ]
+            deadline = None if timeout is None else time.monotonic() + timeout
+            clients = [c for c, _, _ in self._asks]
+            block(self._futures, clients, deadline=deadline)
+            if not all(f.done() for f in self._futures):
+                raise TimeoutError(
+                    f"{sum(not f.done() for f in self._futures)} of {len(self.names)} "
+                    f"checkpoint files not written within {timeout} s"
+                )
+            self._over = True
+            self._outcome = next(
+                (f.exception() for f in self._futures if f.exception() is not None), None
+            )
+        if self._outcome is not None:
+            raise self._outcome
+        return list(self.names)
 
 
 def restore(path: str | os.PathLike[str], like: Any, *, slice: VirtualSlice | None = None) -> Any:

@@ -120,6 +120,8 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "wait": {"rid": _INT, "handle": _INT},
     # ... of a checkpoint: an array written to, or read from, a file on the host
     "save": {"rid": _INT, "handle": _INT, "path": _STR},
+    # ... of how a background save's write ended
+    "saved": {"rid": _INT, "handle": _INT, "path": _STR},
     "load": {
         "rid": _INT,
         "handle": _INT,

@@ -10,6 +10,7 @@ array is stored as its key data.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import os
@@ -19,13 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from pathways_nb._core import decode_dtype
+from pathways_nb._core import RemoteError, decode_dtype
 from pathways_nb.worker._answers import ToClient, host_payload
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._store import Entry, ObjectStore
 
 # Store a put's value (its client, header, value): True once stored (see the host's
 # _store_or_park); and make the put's handle hold an error, telling its client.
+# Outcomes of background writes a host keeps until their clients ask for them.
+KEPT_WRITES = 4096
+
 StorePut = Callable[[bytes, dict[str, Any], np.ndarray], bool]
 PutFailed = Callable[[bytes, dict[str, Any], Exception, str], None]
 
@@ -51,29 +55,92 @@ class Checkpoints:
         self._to_client = to_client
         self._store_put = store_put
         self._put_failed = put_failed
+        # Background writes by (handle, path), until their client asks how they ended.
+        self._writes: collections.OrderedDict[tuple[int, str], concurrent.futures.Future[None]] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()
 
     def save(self, identity: bytes, h: dict[str, Any]) -> None:
-        """Write the array to ``h["path"]`` once it is computed; answer the client then
-        (with the array's own error, if its program failed)."""
-        rid, path = h["rid"], h["path"]
+        """Copy the array into host memory once it is computed and write it to
+        ``h["path"]``; answer the client once written or, with ``background``, once
+        copied (the write's outcome then waits for a ``saved`` request). A failed
+        program's array is answered with its own error."""
+        rid, path, handle = h["rid"], h["path"], h["handle"]
+        background = h.get("background") is True
 
-        def written(entry: Entry) -> None:
-            answer: dict[str, Any] = {"t": "reply", "rid": rid}
+        def failed(exc: BaseException, sname: str) -> None:
+            err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
+            self._to_client(identity, {"t": "failed", "rid": rid, "error": err.to_dict()}, ())
+
+        def copy_and_write(entry: Entry) -> None:
             if entry.error is not None:
                 answer = {"t": "failed", "rid": rid, "error": entry.error.to_dict()}
+                self._to_client(identity, answer, ())
+                return
+            sname = entry.origin[1]
+            try:
+                target = self._confined(path)
+                _, arr = host_payload(entry.value)  # the copy: later launches may donate
+            except Exception as exc:
+                failed(exc, sname)
+                return
+            outcome: concurrent.futures.Future[None] = concurrent.futures.Future()
+            if background:
+                with self._lock:
+                    self._writes[(handle, path)] = outcome
+                    while len(self._writes) > KEPT_WRITES:
+                        self._writes.popitem(last=False)
+                self._to_client(identity, {"t": "reply", "rid": rid}, ())
+            try:
+                write_array(target, arr)
+            except Exception as exc:
+                if not background:
+                    failed(exc, sname)
+                    return
+                outcome.set_exception(
+                    to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
+                )
+                return
+            if background:
+                outcome.set_result(None)
             else:
-                try:
-                    write(self._confined(path), entry.value)
-                except Exception as exc:
-                    sname = entry.origin[1]
-                    err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
-                    answer = {"t": "failed", "rid": rid, "error": err.to_dict()}
-            self._to_client(identity, answer, ())
+                self._to_client(identity, {"t": "reply", "rid": rid}, ())
 
         def ready(entry: Entry) -> None:
-            self._pool.submit(written, entry)
+            self._pool.submit(copy_and_write, entry)
 
-        self._store.when_ready(h["handle"], ready)
+        self._store.when_ready(handle, ready)
+
+    def saved(self, identity: bytes, h: dict[str, Any]) -> None:
+        """Answer once the background write of ``h["handle"]`` to ``h["path"]`` is
+        done, with its error if it failed. Each outcome is answered once."""
+        rid = h["rid"]
+        with self._lock:
+            outcome = self._writes.pop((h["handle"], h["path"]), None)
+        if outcome is None:
+            err = to_remote(
+                LookupError(
+                    f"no background save of array {h['handle']:#x} to {h['path']} is known "
+                    f"here (each is answered once, and the last {KEPT_WRITES} kept)"
+                ),
+                "invalid",
+                program="save",
+                slice="",
+                host=self.host,
+            )
+            self._to_client(identity, {"t": "failed", "rid": rid, "error": err.to_dict()}, ())
+            return
+
+        def answer(f: concurrent.futures.Future[None]) -> None:
+            exc = f.exception()
+            if isinstance(exc, RemoteError):
+                reply = {"t": "failed", "rid": rid, "error": exc.to_dict()}
+            else:
+                reply = {"t": "reply", "rid": rid}
+            self._to_client(identity, reply, ())
+
+        outcome.add_done_callback(answer)
 
     def load(self, identity: bytes, h: dict[str, Any]) -> None:
         """Read the array at ``h["path"]`` and store it as a put's value; answer the
@@ -106,11 +173,10 @@ class Checkpoints:
         return path
 
 
-def write(path: str, value: Any) -> None:
-    """Write ``value`` (a JAX array on this host's devices) to ``path``, whole or not at
-    all: a reader never finds half a file, and an earlier checkpoint there stays until
-    the new one is complete."""
-    _, arr = host_payload(value)
+def write_array(path: str, arr: np.ndarray) -> None:
+    """Write ``arr`` (a copy of an array of this host's devices) to ``path``, whole or
+    not at all: a reader never finds half a file, and an earlier checkpoint there stays
+    until the new one is complete."""
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)

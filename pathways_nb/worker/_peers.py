@@ -35,6 +35,7 @@ _CLIENT_REQUESTS = {
     "fetch_many": "handles",
     "wait_many": "handles",
     "save": "handle",
+    "saved": "handle",
     "load": "handle",
 }
 

@@ -95,6 +95,7 @@ _DATA_TYPES = frozenset(
         "wait_many",
         "xfer",
         "save",
+        "saved",
         "load",
     }
 )
@@ -451,6 +452,8 @@ class Host:
             self._answers.many(identity, h["rid"], kind, h["handles"])
         elif kind == "save":
             self._checkpoints.save(identity, h)
+        elif kind == "saved":
+            self._checkpoints.saved(identity, h)
         elif kind == "load":
             self._checkpoints.load(identity, h)
 
