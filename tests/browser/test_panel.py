@@ -157,6 +157,12 @@ def test_the_panel_starts_a_cluster_a_notebook_uses_and_stops_it(lab: str) -> No
             tab.wait_for(timeout=90_000)
             if not page.locator("#pathways-nb-panel").is_visible():
                 tab.click()
+            # A size the server refuses is said in the panel, and nothing starts.
+            page.fill(".pw-panel-islands", "0")
+            page.click(".pw-panel-start")
+            page.locator(
+                ".pw-panel-message.pw-panel-error >> text=islands is a whole number"
+            ).wait_for(timeout=30_000)
             page.fill(".pw-panel-islands", "1")
             page.fill(".pw-panel-devices", "2")
             page.click(".pw-panel-start")

@@ -170,59 +170,62 @@ export class PathwaysPanel extends Widget {
     this.message.textContent = text;
   }
 
+  /** Ask the server to ``what`` (start or stop a cluster) with ``button`` disabled
+   * meanwhile; the reply, or undefined once the message line says why not. */
+  private async act<T>(
+    button: HTMLButtonElement,
+    what: string,
+    query: string,
+    init: RequestInit
+  ): Promise<T | undefined> {
+    button.disabled = true;
+    try {
+      const reply = await getJSON<T & { error?: string }>('clusters', query, init);
+      if (reply.error) {
+        this.say(reply.error, true);
+        return undefined;
+      }
+      return reply;
+    } catch (err) {
+      this.say(`cannot ${what}: ${err}`, true);
+      return undefined;
+    } finally {
+      button.disabled = false;
+    }
+  }
+
   private async startCluster(): Promise<void> {
     const islands = Number(this.islands.value);
     const devices = Number(this.devices.value);
     const platform = this.platform.value;
-    this.start.disabled = true;
     this.say(`starting a cluster of ${islands} islands x ${devices} devices…`);
-    try {
-      const reply = await getJSON<Cluster & { error?: string }>('clusters', '', {
-        method: 'POST',
-        body: JSON.stringify({ islands, devices_per_island: devices, platform })
-      });
-      if (reply.error) {
-        this.say(reply.error, true);
-        return;
-      }
-      this.stoppable.add(reply.address);
-      this.showCluster(reply.address);
-      await this.findClusters();
-    } catch (err) {
-      this.say(`cannot start a cluster: ${err}`, true);
-    } finally {
-      this.start.disabled = false;
-    }
+    const body = JSON.stringify({ islands, devices_per_island: devices, platform });
+    const started = await this.act<Cluster>(this.start, 'start a cluster', '', {
+      method: 'POST',
+      body
+    });
+    if (!started) return;
+    this.stoppable.add(started.address);
+    this.showCluster(started.address);
+    await this.findClusters();
   }
 
   private async stopCluster(): Promise<void> {
     const address = this.address;
     if (!address) return;
-    this.stop.disabled = true;
-    try {
-      const reply = await getJSON<{ error?: string }>(
-        'clusters',
-        `?address=${encodeURIComponent(address)}`,
-        { method: 'DELETE' }
-      );
-      if (reply.error) {
-        this.say(reply.error, true);
-        return;
-      }
-      this.stoppable.delete(address);
-      this.address = '';
-      this.stopped = true;
-      this.stop.hidden = true;
-      this.say(`stopped the cluster at ${address}; choose another above, or start one`);
-      this.placement.replaceChildren();
-      this.timeline.replaceChildren();
-      this.status.replaceChildren();
-      await this.findClusters();
-    } catch (err) {
-      this.say(`cannot stop the cluster: ${err}`, true);
-    } finally {
-      this.stop.disabled = false;
+    const query = `?address=${encodeURIComponent(address)}`;
+    if (!(await this.act<object>(this.stop, 'stop the cluster', query, { method: 'DELETE' }))) {
+      return;
     }
+    this.stoppable.delete(address);
+    this.address = '';
+    this.stopped = true;
+    this.stop.hidden = true;
+    this.say(`stopped the cluster at ${address}; choose another above, or start one`);
+    this.placement.replaceChildren();
+    this.timeline.replaceChildren();
+    this.status.replaceChildren();
+    await this.findClusters();
   }
 
   private async insertConnect(): Promise<void> {
