@@ -271,6 +271,7 @@ def _fetch(r: dict[str, Any]) -> list[Row]:
         "put_big": f"put {mib} MiB sharded over 4 devices (ms; JAX: jax.device_put)",
         "fetch_big": f"fetch the {mib} MiB (ms; JAX: np.asarray)",
         "save_big": f"pw.save the {mib} MiB, written by its host (ms; JAX: np.save)",
+        "save_background_big": "pw.save(wait=False): until the notebook goes on (ms; JAX: np.save)",
         "restore_big": "pw.restore it, read by its host (ms; JAX: device_put of np.load)",
     }
     return [
