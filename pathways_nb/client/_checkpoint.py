@@ -28,6 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pathways_nb._core import encode_dtype, encode_mesh, encode_spec
+from pathways_nb.client._arrays import _LOCAL_LID
 from pathways_nb.client._jit import _is_remote
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._waiting import block
@@ -35,9 +36,6 @@ from pathways_nb.client._waiting import block
 if TYPE_CHECKING:
     from pathways_nb.client._session import Client
     from pathways_nb.client._slice import VirtualSlice
-
-# The launch id of a put (restored arrays are made by no program).
-_LOCAL_LID = 0
 
 
 @overload
@@ -176,8 +174,7 @@ def restore(path: str | os.PathLike[str], like: Any, *, slice: VirtualSlice | No
             {"t": "put_note", "handle": handle, "slice": vs.id, "nbytes": nbytes}
         )
         futures.append(client._io.host_request(vs.data_address, header))
-        sharding = NamedSharding(vs.abstract_mesh, spec)
-        made.append(RemoteArray(client, handle, shape, dtype, sharding, vs, _LOCAL_LID))
+        made.append(client._put_array(vs, handle, shape, dtype, spec, _LOCAL_LID))
         clients.append(client)
     try:
         _wait(futures, clients)

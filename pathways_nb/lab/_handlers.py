@@ -85,8 +85,7 @@ class ClustersHandler(_Handler):
                 {**f.to_dict(), "stoppable": False} for f in boards.found() if f.address not in ours
             ]
             # Those this server started first: the panel may stop them.
-            started = [{**c, "source": "started here", "stoppable": True} for c in ours.values()]
-            return {"clusters": started + clusters, "problems": boards.problems}
+            return {"clusters": [*ours.values(), *clusters], "problems": boards.problems}
 
         self._reply(await self._off_loop(found))
 
@@ -114,7 +113,7 @@ class ClustersHandler(_Handler):
         except RuntimeError as exc:
             self._reply({"error": str(exc)}, 500)
             return
-        self._reply({**started, "source": "started here", "stoppable": True}, 201)
+        self._reply(started, 201)
 
     @tornado.web.authenticated
     async def delete(self) -> None:

@@ -50,6 +50,9 @@ class _Started:
             "devices_per_island": self.devices,
             "platform": self.platform,
             "pid": self.process.pid,
+            # How the panel lists it: a cluster it may stop.
+            "source": "started here",
+            "stoppable": True,
         }
 
 

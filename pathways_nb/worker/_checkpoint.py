@@ -25,11 +25,11 @@ from pathways_nb.worker._answers import ToClient, host_payload
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._store import Entry, ObjectStore
 
-# Store a put's value (its client, header, value): True once stored (see the host's
-# _store_or_park); and make the put's handle hold an error, telling its client.
 # Outcomes of background writes a host keeps until their clients ask for them.
 KEPT_WRITES = 4096
 
+# Store a put's value (its client, header, value): True once stored (see the host's
+# _store_or_park); and make the put's handle hold an error, telling its client.
 StorePut = Callable[[bytes, dict[str, Any], np.ndarray], bool]
 PutFailed = Callable[[bytes, dict[str, Any], Exception, str], None]
 
@@ -69,21 +69,22 @@ class Checkpoints:
         rid, path, handle = h["rid"], h["path"], h["handle"]
         background = h.get("background") is True
 
-        def failed(exc: BaseException, sname: str) -> None:
-            err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
-            self._to_client(identity, {"t": "failed", "rid": rid, "error": err.to_dict()}, ())
+        def answer(err: RemoteError | None) -> None:
+            reply = {"t": "reply", "rid": rid}
+            if err is not None:
+                reply = {"t": "failed", "rid": rid, "error": err.to_dict()}
+            self._to_client(identity, reply, ())
 
         def copy_and_write(entry: Entry) -> None:
             if entry.error is not None:
-                answer = {"t": "failed", "rid": rid, "error": entry.error.to_dict()}
-                self._to_client(identity, answer, ())
+                answer(entry.error)
                 return
             sname = entry.origin[1]
             try:
                 target = self._confined(path)
                 _, arr = host_payload(entry.value)  # the copy: later launches may donate
             except Exception as exc:
-                failed(exc, sname)
+                answer(to_remote(exc, "invalid", program="save", slice=sname, host=self.host))
                 return
             outcome: concurrent.futures.Future[None] = concurrent.futures.Future()
             if background:
@@ -91,21 +92,18 @@ class Checkpoints:
                     self._writes[(handle, path)] = outcome
                     while len(self._writes) > KEPT_WRITES:
                         self._writes.popitem(last=False)
-                self._to_client(identity, {"t": "reply", "rid": rid}, ())
+                answer(None)  # copied: the client may go on
+            err = None
             try:
                 write_array(target, arr)
             except Exception as exc:
-                if not background:
-                    failed(exc, sname)
-                    return
-                outcome.set_exception(
-                    to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
-                )
-                return
-            if background:
-                outcome.set_result(None)
+                err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
+            if not background:
+                answer(err)
+            elif err is not None:
+                outcome.set_exception(err)
             else:
-                self._to_client(identity, {"t": "reply", "rid": rid}, ())
+                outcome.set_result(None)
 
         def ready(entry: Entry) -> None:
             self._pool.submit(copy_and_write, entry)
