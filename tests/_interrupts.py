@@ -33,6 +33,15 @@ def interrupted_when_blocked_in(function: str, module: str = "") -> Iterator[Non
         while not _blocked_in(main, function, module) and time.monotonic() < deadline:
             time.sleep(0.01)
         _thread.interrupt_main(signal.SIGINT)
+        # A KeyboardInterrupt raised while a weakref callback or __del__ runs is swallowed
+        # (Python prints it as unraisable), as a real Ctrl-C there would be: press again
+        # while the main thread still waits in ``function`` and has not begun cancelling.
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            cancelling = _blocked_in(main, "cancel") or _blocked_in(main, "_cancel")
+            if cancelling or not _blocked_in(main, function, module):
+                return
+            _thread.interrupt_main(signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=interrupt)
