@@ -30,6 +30,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "scale": ([], ["--quick"]),
     "fetch": ([], ["--quick"]),
     "data": ([], ["--quick"]),
+    "tls": ([], ["--quick"]),
 }
 
 

@@ -308,6 +308,27 @@ def _data(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _tls(r: dict[str, Any]) -> list[Row]:
+    mib = r["params"]["big_bytes"] >> 20
+    what = {
+        "round_trip": "round trip of a tiny program on a cluster with TLS (ms; without TLS)",
+        "put_big": f"put {mib} MiB with TLS (ms; without TLS)",
+        "fetch_big": f"fetch the {mib} MiB with TLS (ms; without TLS)",
+        "transfer_big": f"move the {mib} MiB host to host with TLS (ms; without TLS)",
+    }
+    return [
+        (
+            label,
+            f"plain {1e3 * r[k]['plain_s']['median']:.2f}",
+            f"{1e3 * r[k]['tls_s']['median']:.2f}",
+            f"{r[k]['ratio']:.2f}x",
+            "",
+        )
+        for k, label in what.items()
+        if k in r
+    ]
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -319,6 +340,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "scale": _scale,
     "fetch": _fetch,
     "data": _data,
+    "tls": _tls,
 }
 
 

@@ -23,8 +23,8 @@ import pathways_nb as pw
 
 _USAGE = """\
 %pathways start [--islands N] [--devices N]   start the embedded local cluster (reused if running);
-                [--platform auto]             auto: the accelerators JAX finds (default: cpu,
-                                              simulated devices)
+                [--platform auto] [--tls]     auto: the accelerators JAX finds (default: cpu,
+                                              simulated devices); --tls: every link over TLS
 %pathways connect ADDRESS|FILE [--observe]    connect to a Dask scheduler with the pathways preload,
                                               or to the one a scheduler file names; --observe:
                                               watch it without being a tenant (no slices)
@@ -45,23 +45,26 @@ class Session:
         self.cluster: Any = None
         self.client: pw.Client | None = None
 
-    def start(self, islands: int, devices: int, platform: str | None = "cpu") -> pw.Client:
+    def start(
+        self, islands: int, devices: int, platform: str | None = "cpu", tls: bool = False
+    ) -> pw.Client:
         if self.client is not None and not self.client.closed:
             if self.cluster is not None:
                 c = self.cluster
-                have = (c.islands, c.devices_per_island, c.platform)
-                if have != (islands, devices, platform):
+                have = (c.islands, c.devices_per_island, c.platform, c.security is not None)
+                if have != (islands, devices, platform, tls):
                     print(
                         f"a cluster of {have[0]} islands x {have[1]} "
-                        f"{have[2] or 'auto'} devices is running; reusing it "
+                        f"{have[2] or 'auto'} devices{' with TLS' if have[3] else ''} is "
+                        "running; reusing it "
                         "(%pathways stop first for a different one)"
                     )
             return self.client
         try:
             self.cluster = pw.LocalCluster(
-                islands=islands, devices_per_island=devices, platform=platform
+                islands=islands, devices_per_island=devices, platform=platform, security=tls
             )
-        except ValueError as exc:  # a setting no cluster can start with, said before it starts
+        except (ValueError, ImportError) as exc:  # said before any process starts
             raise UsageError(str(exc)) from None
         self.client = pw.Client(self.cluster)
         return self.client
@@ -122,6 +125,11 @@ class PathwaysMagics(Magics):
         help="start: cpu (simulated devices, the default), auto (the accelerators JAX "
         "finds: each island owns GPUs of its own) or a JAX platform such as cuda",
     )
+    @argument(
+        "--tls",
+        action="store_true",
+        help="start: run every link with TLS, on certificates made for the cluster",
+    )
     @argument("--last", default=None, help="timeline: a window such as 5s or 250ms")
     @argument("--static", action="store_true", help="timeline/status: draw once, no refresh")
     @argument("--slice", default=None, help="cell magic: the default slice while the cell runs")
@@ -153,7 +161,7 @@ class PathwaysMagics(Magics):
         s = self.session
         if args.command == "start":
             platform = None if args.platform == "auto" else args.platform
-            client = s.start(args.islands, args.devices, platform)
+            client = s.start(args.islands, args.devices, platform, args.tls)
             return s.cluster if s.cluster is not None else client
         if args.command == "connect":
             if len(args.rest) != 1:

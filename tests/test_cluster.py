@@ -689,6 +689,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
         "scale",
         "fetch",
         "data",
+        "tls",
     }
     assert set(summary["experiments"]) == names
     for name in names:
@@ -757,6 +758,10 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     assert "lean reference path" in table and "standard 1F1B" in table
     assert "a cycle of 16" in table
     assert "fetch a pytree of 100 small arrays" in table
+    secured = json.loads((tmp_path / "tls.json").read_text())
+    for k in ("round_trip", "put_big", "fetch_big", "transfer_big"):
+        assert secured[k]["ratio"] > 0 and secured[k]["tls_s"]["n"] == 3
+    assert "round trip of a tiny program on a cluster with TLS" in table
 
 
 def test_the_ab_benchmark_compares_a_checkout_with_itself(tmp_path: Path) -> None:

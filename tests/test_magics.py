@@ -74,13 +74,18 @@ def test_start_takes_the_platform_and_reuses_a_running_cluster(ip: Any) -> None:
     client, session.client = session.client, None
     try:
         # auto: the accelerators JAX finds; here none, so each island's CPU devices.
-        cluster = ip.run_line_magic("pathways", "start --islands 1 --devices 2 --platform auto")
+        # --tls: every link encrypted, on certificates made for this cluster.
+        cluster = ip.run_line_magic(
+            "pathways", "start --islands 1 --devices 2 --platform auto --tls"
+        )
         assert isinstance(cluster, pw.LocalCluster) and cluster.platform is None
+        assert cluster.scheduler_address.startswith("tls://")
+        assert session.client.controller_address.startswith("tls://")
         assert list(session.client.status().islands.devices) == [2]
         with capture_output() as out:
             again = ip.run_line_magic("pathways", "start --islands 1 --devices 2")
         assert again is cluster
-        assert "1 islands x 2 auto devices is running; reusing it" in out.stdout
+        assert "1 islands x 2 auto devices with TLS is running; reusing it" in out.stdout
     finally:
         ip.run_line_magic("pathways", "stop")
         session.client = client

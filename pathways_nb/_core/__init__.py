@@ -50,6 +50,7 @@ from pathways_nb._core._specs import (
     validate_mesh_shape,
     validate_weight,
 )
+from pathways_nb._core._tls import NO_TLS, TLS_PREFIX, TLSContexts, missing_tls
 from pathways_nb._core._versions import Versions, local_versions
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
     "CHECK_FROM",
     "CHECK_INFS",
     "CHECK_NANS",
+    "NO_TLS",
+    "TLS_PREFIX",
     "BrokenError",
     "BusyError",
     "CancelledError",
@@ -70,6 +73,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "ResourceExhaustedError",
+    "TLSContexts",
     "VersionMismatchError",
     "Versions",
     "as_bytes",
@@ -91,6 +95,7 @@ __all__ = [
     "host_token",
     "local_versions",
     "machine_memory",
+    "missing_tls",
     "new_secret",
     "on_this_machine",
     "program_id",

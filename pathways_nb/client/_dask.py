@@ -69,6 +69,7 @@ class DaskPuts:
     # Hosts known to run in a worker of the Dask client's scheduler.
     _dask_hosts: set[str]
     scheduler_address: str | None
+    security: Any
 
     if TYPE_CHECKING:  # provided by Client
 
@@ -93,7 +94,9 @@ class DaskPuts:
             if current is not None and current.scheduler.address == self.scheduler_address:
                 self._dask, self._own_dask = current, False
             else:
-                self._dask = DaskClient(self.scheduler_address, set_as_default=False)
+                self._dask = DaskClient(
+                    self.scheduler_address, set_as_default=False, security=self.security
+                )
                 self._own_dask = True
         return self._dask
 

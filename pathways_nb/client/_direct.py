@@ -16,10 +16,12 @@ from typing import Any
 import zmq
 
 from pathways_nb._core import (
+    NO_TLS,
     BrokenError,
     ClosedError,
     ProtocolError,
     RemoteError,
+    TLSContexts,
     VersionMismatchError,
 )
 from pathways_nb.wire import DealerSocket, Poller, connect_dealer, decode, encode, receive
@@ -44,8 +46,9 @@ class RequestFailed(Exception):
 class DirectChannels:
     """Sockets owned by the threads that use them; closed together by :meth:`close`."""
 
-    def __init__(self, ctx: zmq.Context[Any]) -> None:
+    def __init__(self, ctx: zmq.Context[Any], tls: TLSContexts = NO_TLS) -> None:
         self._ctx = ctx
+        self._tls = tls
         # The hello that opens each connection (the client's tenant and token in it),
         # set once the controller has welcomed the client.
         self.hello: dict[str, Any] = {}
@@ -86,7 +89,13 @@ class DirectChannels:
             if self._closed:
                 raise ClosedError("the client was closed")
             made = self._forgets
-            sock = connect_dealer(self._ctx, address, blocking=True, peer="a host")
+            sock = connect_dealer(
+                self._ctx,
+                address,
+                blocking=True,
+                peer="a host",
+                tls=self._tls.for_address(address, "a host"),
+            )
             self._all.append(sock)
         try:
             self._handshake(sock, address, check)

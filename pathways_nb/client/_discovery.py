@@ -9,37 +9,76 @@ import socket
 import threading
 from typing import Any
 
-from pathways_nb._core import BrokenError
+from pathways_nb._core import NO_TLS, TLS_PREFIX, BrokenError, TLSContexts, missing_tls
 
 # Seconds Dask's connect is given before a probe says whether anything listens there.
 _PROBE_SECONDS = 2.0
 
 
-def ask_scheduler(address: str, timeout: float = 30.0, probe: bool = True) -> dict[str, Any]:
+def security_for(address: str, security: Any = None) -> Any:
+    """The ``distributed.Security`` to reach a cluster at ``address`` with, or None for
+    the clear: ``security`` when given (a cluster object's own, or the caller's), else
+    for a ``tls://`` address Dask's configured default (``distributed.comm.tls.*``).
+    ValueError for a ``tls://`` address with no client certificate to show."""
+    if security is not None and not callable(getattr(security, "get_connection_args", None)):
+        raise TypeError(
+            "security is a distributed.Security (e.g. Security(tls_ca_file=..., "
+            "tls_client_cert=..., tls_client_key=...)); "
+            f"got {type(security).__name__}"
+        )
+    if security is None:
+        if not address.startswith(TLS_PREFIX):
+            return None
+        from distributed.security import Security
+
+        security = Security()
+    has_certificate = security.get_connection_args("client").get("ssl_context") is not None
+    if address.startswith(TLS_PREFIX) and not has_certificate:
+        raise ValueError(missing_tls(address))
+    # A Security without certificates (a plain Dask cluster's) asks for nothing more,
+    # unless it requires encryption: then the plain links are refused as they are made.
+    return security if has_certificate or security.require_encryption else None
+
+
+def client_tls(security: Any) -> TLSContexts:
+    """The contexts a client dials with: none without ``security``."""
+    if security is None:
+        return NO_TLS
+    if security.get_connection_args("client").get("ssl_context") is None:
+        return TLSContexts(required=bool(security.require_encryption))
+    return TLSContexts.from_security(security, "client", listen=False)
+
+
+def ask_scheduler(
+    address: str, timeout: float = 30.0, probe: bool = True, security: Any = None
+) -> dict[str, Any]:
     """Ask a Dask scheduler with the pathways preload about its controller.
 
     With ``probe``, a connection that fails within a few seconds is followed by a check
     that something listens there, so that a stopped cluster is said within seconds (Dask
     would retry a refused connection for its whole timeout). The check runs only then:
     the scheduler logs each such probe as a connection closed before its handshake.
+    ``security`` is the cluster's ``distributed.Security`` when it uses TLS (see
+    :func:`security_for`).
     """
+    args = security.get_connection_args("client") if security is not None else {}
     first = min(timeout, _PROBE_SECONDS) if probe else timeout
-    result = _ask(address, first)
+    result = _ask(address, first, args)
     if probe and isinstance(result.get("error"), TimeoutError | OSError):
         _refused_at_once(address)
         if timeout > first:
-            result = _ask(address, timeout)
+            result = _ask(address, timeout, args)
     return _controller_info(address, result, timeout)
 
 
-def _ask(address: str, timeout: float) -> dict[str, Any]:
+def _ask(address: str, timeout: float, connection_args: dict[str, Any]) -> dict[str, Any]:
     """The scheduler's answer about its controller (``info``), or the ``error`` met."""
     from distributed.core import rpc
 
     result: dict[str, Any] = {}
 
     async def ask() -> None:
-        r = rpc(address, timeout=timeout)
+        r = rpc(address, timeout=timeout, connection_args=connection_args)
         try:
             result["info"] = await asyncio.wait_for(r.pathways_controller(), timeout)
         finally:
@@ -97,7 +136,7 @@ def _refused_at_once(address: str) -> None:
 
     try:
         scheme, location = parse_address(address)
-        if scheme != "tcp":
+        if scheme not in ("tcp", "tls"):
             return
         host, port = parse_host_port(location)
     except (ValueError, TypeError):

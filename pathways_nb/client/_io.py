@@ -20,7 +20,14 @@ from typing import Any
 
 import zmq
 
-from pathways_nb._core import BrokenError, ClosedError, ProtocolError, RemoteError
+from pathways_nb._core import (
+    NO_TLS,
+    BrokenError,
+    ClosedError,
+    ProtocolError,
+    RemoteError,
+    TLSContexts,
+)
 from pathways_nb.client._futures import Future
 from pathways_nb.wire import (
     AnySocket,
@@ -62,13 +69,20 @@ class IOThread:
         controller_address: str,
         on_push: Callable[[dict[str, Any]], None],
         heartbeat: float,
+        tls: TLSContexts = NO_TLS,
     ) -> None:
         self._ctx = ctx
         self._address = controller_address
+        self._tls = tls
         # The calling thread sends to the controller and reads hosts' answers itself:
         # Ctrl-C must not land between a send or a receive and its count.
         hold_interrupts_in_main_thread()
-        self._ctl = connect_dealer(ctx, controller_address, peer="the controller")
+        self._ctl = connect_dealer(
+            ctx,
+            controller_address,
+            peer="the controller",
+            tls=tls.for_address(controller_address, "the controller"),
+        )
         self._outbox = Outbox()
         # Held while messages to the controller leave, by the IO thread (a whole drain)
         # or by a caller sending directly, so the controller sees them in submission order.
@@ -332,7 +346,9 @@ class IOThread:
     def _host_socket(self, address: str) -> DealerSocket:
         sock = self._hosts.get(address)
         if sock is None:
-            sock = connect_dealer(self._ctx, address, peer="a host")
+            sock = connect_dealer(
+                self._ctx, address, peer="a host", tls=self._tls.for_address(address, "a host")
+            )
             self._hosts[address] = sock
             self._host_of_socket[sock] = address
             self._poller.register(sock, zmq.POLLIN)

@@ -34,7 +34,12 @@ from pathways_nb._core import (
 )
 from pathways_nb.client._arrays import ArrayIO
 from pathways_nb.client._direct import DirectChannels
-from pathways_nb.client._discovery import address_from_file, ask_scheduler
+from pathways_nb.client._discovery import (
+    address_from_file,
+    ask_scheduler,
+    client_tls,
+    security_for,
+)
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
 from pathways_nb.client._jit import RemoteFunction, _is_remote
@@ -69,6 +74,13 @@ class Client(ArrayIO):
     default this cluster's scheduler's current Dask client, or one made on first use;
     see :attr:`dask_client`).
 
+    A cluster whose Dask scheduler uses TLS (``tls://``) is reached with its
+    certificates: ``security=`` (a ``distributed.Security`` holding the CA and a client
+    certificate), else the cluster object's own (``pw.LocalCluster(security=True)``, a
+    Dask cluster's ``.security``), else Dask's configuration (``distributed.comm.tls.*``).
+    Every link of the client (to the controller, and straight to hosts for puts and
+    fetches) then runs over TLS too.
+
     ``observer=True`` makes a read-only client, for dashboards: it reads
     :meth:`status` and the event log, and nothing else. It is no tenant: it holds no
     slices, takes no share of the islands, is not listed among the tenants, and never
@@ -90,6 +102,7 @@ class Client(ArrayIO):
         scheduler_file: str | os.PathLike[str] | None = None,
         dask_client: Any = None,
         observer: bool = False,
+        security: Any = None,
     ) -> None:
         if not isinstance(observer, bool):
             raise TypeError(f"observer is True or False; got {observer!r}")
@@ -125,11 +138,17 @@ class Client(ArrayIO):
                     "pw.Client expects a cluster or an address string; "
                     f"got {type(address).__name__}"
                 )
+            security = security_for(addr, security or getattr(address, "security", None))
             controller = (
                 getattr(address, "controller_address", None)
-                or ask_scheduler(addr, timeout)["address"]
+                or ask_scheduler(addr, timeout, security=security)["address"]
             )
             self.scheduler_address = addr
+        else:
+            security = security_for(controller, security)
+        # The cluster's distributed.Security when it uses TLS (see _core._tls), else None.
+        self.security: Any = security
+        tls = client_tls(security)
         self.controller_address = controller
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
@@ -152,10 +171,10 @@ class Client(ArrayIO):
         )
         self.default_slice: VirtualSlice | None = None
         self._closed = False
-        self._io = IOThread(self._ctx, controller, self._on_push, heartbeat=1.0)
+        self._io = IOThread(self._ctx, controller, self._on_push, heartbeat=1.0, tls=tls)
         self._io.start()
         versions = local_versions()
-        self._direct = DirectChannels(self._ctx)
+        self._direct = DirectChannels(self._ctx, tls)
         self._prefetcher = Prefetcher(self._fetch_one)
         try:
             h, _ = self._io.request(

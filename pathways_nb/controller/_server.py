@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -112,8 +113,13 @@ class Controller(ClientRequests, HostMessages):
         context: zmq.Context[Any] | None = None,
         bind_host: str = "127.0.0.1",
         inproc: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.config = config or default_config()
+        # The server context of a cluster that uses TLS (see _core._tls): both endpoints
+        # listen with it, so a client's and a host's messages, and the secret hosts get
+        # when they register, never cross the network in the clear.
+        self._tls = tls
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
         self._bind_host = bind_host
@@ -164,10 +170,10 @@ class Controller(ClientRequests, HostMessages):
         else:
             caddr = haddr = f"tcp://{self._bind_host}:0"
         self._clients, self.client_address = bind_router(
-            self._ctx, caddr, self.config.max_control_message
+            self._ctx, caddr, self.config.max_control_message, tls=self._tls
         )
         self._hosts, self.host_address = bind_router(
-            self._ctx, haddr, self.config.max_control_message
+            self._ctx, haddr, self.config.max_control_message, tls=self._tls
         )
         self._outbox = Outbox()
         self._thread = threading.Thread(target=self._run, name="pathways-controller", daemon=True)

@@ -47,6 +47,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the Dask scheduler's port, as in `dask scheduler --port 8786`: notebooks then "
         "connect with pw.Client('tcp://HOST:PORT'); 0 (default) takes any free one",
     )
+    for flag, what in (
+        ("--tls-ca-file", "the CA certificate(s) every process checks its peers' against"),
+        ("--tls-cert", "the certificate the scheduler, workers and local clients show"),
+        ("--tls-key", "that certificate's private key"),
+    ):
+        cluster.add_argument(
+            flag,
+            help=f"TLS, as `dask scheduler {flag}`: {what} (PEM). With all three the "
+            "cluster runs with TLS (tls:// addresses), its pathways links too",
+        )
     status = sub.add_parser("status", help="print a running cluster's islands, slices and tenants")
     status.add_argument("address", nargs="?", help="the Dask scheduler address, tcp://host:port")
     status.add_argument("--scheduler-file", help="read the address from this file instead")
@@ -105,6 +115,24 @@ def main(argv: list[str] | None = None) -> int:
             )
         from pathways_nb._core import BrokenError
 
+        tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+        security = None
+        if any(tls_files):
+            if not all(tls_files):
+                parser.error("TLS takes all of --tls-ca-file, --tls-cert and --tls-key")
+            from distributed.security import Security
+
+            ca, cert, key = tls_files
+            security = Security(
+                tls_ca_file=ca,
+                tls_scheduler_cert=cert,
+                tls_scheduler_key=key,
+                tls_worker_cert=cert,
+                tls_worker_key=key,
+                tls_client_cert=cert,
+                tls_client_key=key,
+                require_encryption=True,
+            )
         try:
             return serve(
                 args.islands,
@@ -114,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 dashboard=not args.no_dashboard,
                 host=args.host,
                 port=args.port,
+                security=security,
             )
         except ValueError as exc:  # a setting no cluster can start with
             parser.error(str(exc))

@@ -24,6 +24,7 @@ from typing import Any
 
 from pathways_nb._core import BrokenError, ClosedError, Config
 from pathways_nb.deploy._accelerators import island_envs, spare_the_hosts_gpus
+from pathways_nb.deploy._security import cluster_security, command_options, write_client_files
 from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
 from pathways_nb.deploy.worker import HOST_FAILED
 
@@ -124,6 +125,13 @@ class LocalCluster:
     this machine's IP lets clients on other machines connect. ``port`` is the Dask
     scheduler's, the one in the address ``pw.Client`` takes (``8786`` gives
     ``tcp://HOST:8786``, as ``dask scheduler`` does); 0, the default, takes any free one.
+
+    ``security=True`` runs the cluster with TLS, on certificates made for it alone (as
+    Dask's ``LocalCluster(security=True)``; needs the ``cryptography`` package), or on
+    those of a ``distributed.Security`` given: Dask's links and every pathways link
+    (client to controller, client to host, host to host) are then encrypted and
+    mutually authenticated, and the address is ``tls://HOST:PORT``. ``pw.Client(cluster)``
+    uses :attr:`security`; a client elsewhere needs the CA and a client certificate.
     """
 
     def __init__(
@@ -137,6 +145,7 @@ class LocalCluster:
         timeout: float = 120.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        security: Any = None,
     ) -> None:
         for label, value in (("islands", islands), ("devices_per_island", devices_per_island)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -178,6 +187,8 @@ class LocalCluster:
         if warning is not None:
             warnings.warn(warning, RuntimeWarning, stacklevel=2)
         self._timeout = timeout
+        # The cluster's distributed.Security when it runs with TLS (see _security).
+        self.security: Any = cluster_security(security)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="pathways-cluster-")
         self.scheduler_address = ""
@@ -198,6 +209,13 @@ class LocalCluster:
         env.update(_dask_tuning(env))
         env.update(self._env)
         return env
+
+    def _tls_options(self, role: str) -> list[str]:
+        if self.security is None:
+            return []
+        if role == "scheduler":
+            write_client_files(self.security, self._tmp.name)
+        return command_options(self.security, role, self._tmp.name)
 
     def _spawn(self, args: list[str], env: dict[str, str], log_name: str) -> None:
         log = open(os.path.join(self._tmp.name, log_name), "wb")  # noqa: SIM115
@@ -229,6 +247,7 @@ class LocalCluster:
                 sched_file,
                 "--preload",
                 "pathways_nb.deploy.scheduler",
+                *self._tls_options("scheduler"),
             ],
             {**self._base_env(), CLUSTER_DIR_ENV: self._tmp.name},
             "scheduler.log",
@@ -283,6 +302,7 @@ class LocalCluster:
                     "pathways_nb.deploy.worker",
                     "--preload-nanny",
                     "pathways_nb.deploy.nanny",
+                    *self._tls_options("worker"),
                 ],
                 {**wenv, **self._island_envs[i]},
                 f"worker{i}.log",
@@ -299,7 +319,9 @@ class LocalCluster:
             self._check_workers()
             try:
                 # The scheduler's process is alive (checked above): no need to probe it.
-                info: dict[str, Any] | None = ask_scheduler(self.scheduler_address, 5, False)
+                info: dict[str, Any] | None = ask_scheduler(
+                    self.scheduler_address, 5, False, security=self.security
+                )
             except BrokenError:
                 info = None  # not up yet
             if info is not None:

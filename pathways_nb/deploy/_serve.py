@@ -53,6 +53,7 @@ def serve(
     dashboard: bool = True,
     host: str = "127.0.0.1",
     port: int = 0,
+    security: Any = None,
     out: IO[str] = sys.stdout,
     poll: float = 0.5,
 ) -> int:
@@ -61,7 +62,8 @@ def serve(
     ``scheduler_file``, when given, receives the addresses as JSON once every host is
     up (``address``, ``controller``, ``dashboard``, ``pid``, ``islands``,
     ``devices_per_island``) and is removed on exit: scripts wait for it, then connect
-    with ``pw.Client(scheduler_file=path)``.
+    with ``pw.Client(scheduler_file=path)``. ``security`` (a ``distributed.Security``)
+    runs the cluster with TLS, as ``LocalCluster(security=...)`` does.
     """
     stop = threading.Event()
     # Started on behalf of another process (JupyterLab's panel names its server in
@@ -69,7 +71,13 @@ def serve(
     watch_parent(stop.set)
     with _stop_on_signals(stop):
         cluster = LocalCluster(
-            islands, devices, platform=platform, dashboard=dashboard, host=host, port=port
+            islands,
+            devices,
+            platform=platform,
+            dashboard=dashboard,
+            host=host,
+            port=port,
+            security=security,
         )
         try:
             info = {
@@ -86,7 +94,7 @@ def serve(
             print(
                 f"pathways_nb cluster: {islands} islands x {devices} {kind} devices\n"
                 f"  scheduler  {cluster.scheduler_address}\n"
-                f"  connect    pw.Client({cluster.scheduler_address!r})\n"
+                f"  connect    pw.Client({cluster.scheduler_address!r}{_security_hint(security)})\n"
                 + (f"  dashboard  {cluster.dashboard_link}\n" if cluster.dashboard_link else "")
                 + "Ctrl-C or SIGTERM stops it.",
                 file=out,
@@ -105,6 +113,16 @@ def serve(
             if scheduler_file:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(scheduler_file)
+
+
+def _security_hint(security: Any) -> str:
+    """What a client adds to reach a cluster started with TLS."""
+    if security is None:
+        return ""
+    return (
+        f", security=Security(tls_ca_file={security.tls_ca_file!r}, "
+        "tls_client_cert=..., tls_client_key=...)"
+    )
 
 
 def read_address(address: str | None, scheduler_file: str | None) -> str:

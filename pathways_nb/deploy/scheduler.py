@@ -14,6 +14,7 @@ from typing import Any
 from distributed.comm import get_address_host
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from pathways_nb._core import TLS_PREFIX, TLSContexts
 from pathways_nb.controller import Controller
 from pathways_nb.deploy._watch import remove_cluster_dir, watch_parent
 
@@ -32,7 +33,11 @@ class ControllerPlugin(SchedulerPlugin):
         host = get_address_host(scheduler.address) or "127.0.0.1"
         if host in ("", "0.0.0.0", "::"):
             host = "127.0.0.1"
-        self.controller = Controller(bind_host=host).start()
+        tls = None
+        if scheduler.address.startswith(TLS_PREFIX):
+            # A scheduler secured with TLS: the controller listens with its certificate.
+            tls = TLSContexts.from_security(scheduler.security, "scheduler", listen=True).server
+        self.controller = Controller(bind_host=host, tls=tls).start()
         scheduler.handlers["pathways_controller"] = self._info
         log.info("pathways controller listening at %s", self.controller.client_address)
 

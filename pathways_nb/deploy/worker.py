@@ -70,16 +70,22 @@ async def dask_setup(worker: Any) -> None:
     loop = asyncio.get_running_loop()
 
     def start(info: dict[str, Any]) -> Any:
+        from pathways_nb._core import NO_TLS, TLS_PREFIX, TLSContexts
         from pathways_nb.worker import Host
 
         _configure_jax()
         island = str(worker.name) if worker.name is not None else worker.address
+        tls = NO_TLS
+        if worker.address.startswith(TLS_PREFIX):
+            # A worker secured with TLS: its host listens and dials with its certificate.
+            tls = TLSContexts.from_security(worker.security, "worker", listen=True)
         host = Host(
             worker.address,
             info["host_address"],
             island=island,
             bind_host=worker.ip or "127.0.0.1",
             own_process=True,
+            tls=tls,
         )
         return host.start()
 

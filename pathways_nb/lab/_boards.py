@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pathways_nb.client import Client, EventRows
@@ -26,6 +26,8 @@ from pathways_nb.viz import PlacementRows, TimelineRows, status_html
 
 # pw.LocalCluster keeps its scheduler file here while it runs (see deploy/_local.py).
 LOCAL_PATTERN = "pathways-cluster-*/scheduler.json"
+# ...and, when it runs with TLS, a client's CA, certificate and key (deploy/_security.py).
+LOCAL_TLS_FILES = ("ca.pem", "client.pem", "client-key.pem")
 # How much of the event log the panel's timeline draws.
 TIMELINE_SECONDS = 10.0
 TIMELINE_ROWS = 1000
@@ -39,6 +41,19 @@ class Found:
 
     address: str
     source: str
+    # A local cluster's folder, where a cluster started with TLS keeps a client's files.
+    folder: str = field(default="", compare=False)
+
+    def security(self) -> Any:
+        """The ``distributed.Security`` to connect with: a local TLS cluster's client
+        files, else None (a configured address uses Dask's configuration)."""
+        paths = [os.path.join(self.folder, name) for name in LOCAL_TLS_FILES]
+        if not self.folder or not all(os.path.exists(p) for p in paths):
+            return None
+        from distributed.security import Security
+
+        ca, cert, key = paths
+        return Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key)
 
     def to_dict(self) -> dict[str, str]:
         return {"address": self.address, "source": self.source}
@@ -58,7 +73,7 @@ def local_clusters(tmp: str | None = None) -> list[Found]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a cluster starting or closing: its file is half written or gone
         if isinstance(address, str) and address:
-            found.append((st.st_mtime, Found(address, "local")))
+            found.append((st.st_mtime, Found(address, "local", os.path.dirname(path))))
     return [f for _, f in sorted(found, key=lambda x: -x[0])]
 
 
@@ -152,7 +167,13 @@ def _reason(found: Found, exc: BaseException) -> str:
 
 
 def _connect(found: Found) -> Client:
-    return Client(found.address, name="JupyterLab", timeout=10.0, observer=True)
+    return Client(
+        found.address,
+        name="JupyterLab",
+        timeout=10.0,
+        observer=True,
+        security=found.security(),
+    )
 
 
 class Boards:

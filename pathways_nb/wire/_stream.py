@@ -20,6 +20,9 @@ connection's queue and goes when the owner next services the socket.
 On the wire a message is ``b"PW"``, its frame count (u16), each frame's length (u64),
 then the frames. A stream that does not start that way is not ours: the connection is
 closed, and only that connection.
+
+Given a TLS context (``tls=``), both ends speak the same messages over TLS, on
+``tls://HOST:PORT`` addresses (see ``_tls``, imported only by a process that encrypts).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import select
@@ -34,13 +38,16 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from pathways_nb.wire._held import HELD, interrupts_deferred
 from pathways_nb.wire._recvpool import POOL
+
+if TYPE_CHECKING:
+    import ssl
 
 _MAGIC = b"PW"
 _HEAD = struct.Struct("<2sH")
@@ -447,11 +454,24 @@ class _Endpoint:
 
 class StreamRouter(_Endpoint):
     """A listening endpoint: every accepted connection is a peer named by an identity,
-    which comes first in each received message and names the target of each send."""
+    which comes first in each received message and names the target of each send.
 
-    def __init__(self, address: str, max_bytes: int | None = None) -> None:
+    With ``tls`` (a server-side ``ssl.SSLContext``) it listens on TCP, loopback included,
+    and :attr:`address` reads ``tls://HOST:PORT``; its owner's loop drives each peer's
+    handshake, and a failed one closes that connection only."""
+
+    def __init__(
+        self, address: str, max_bytes: int | None = None, *, tls: ssl.SSLContext | None = None
+    ) -> None:
         super().__init__(max_bytes)
-        self._listener, self.address = _listen(address)
+        self._new_conn: Callable[[socket.socket, bytes], _Conn]
+        if tls is None and not address.startswith("tls://"):
+            self._listener, self.address = _listen(address)
+            self._new_conn = functools.partial(_Conn, max_bytes=max_bytes)
+        else:
+            from pathways_nb.wire import _tls
+
+            self._listener, self.address, self._new_conn = _tls.listen(address, tls, max_bytes)
         self._listener.setblocking(False)
         self._ep.register(self._listener.fileno(), select.EPOLLIN)
         self._by_ident: dict[bytes, _Conn] = {}
@@ -470,7 +490,7 @@ class StreamRouter(_Endpoint):
             except OSError:
                 return took  # out of descriptors or the like: the peer sees a reset
             took = True
-            conn = _Conn(sock, b"\x00" + next(self._next).to_bytes(4, "big"), self._max_bytes)
+            conn = self._new_conn(sock, b"\x00" + next(self._next).to_bytes(4, "big"))
             self._by_ident[conn.ident] = conn
             self._add(conn)
 
@@ -513,6 +533,10 @@ class StreamDealer(_Endpoint):
     ``blocking=True`` is for a thread that owns the dealer but runs no loop around it
     (a waiting caller, a transfer sender): a send returns once the kernel holds all of
     it, and :meth:`poll` / :meth:`recv_multipart` wait for answers.
+
+    A ``tls://`` address needs ``tls`` (a client-side ``ssl.SSLContext``), and ``tls``
+    needs one; the handshake completes here, within ``timeout``, or raises an
+    ``OSError`` (``ssl.SSLError`` when verification failed) saying what went wrong.
     """
 
     def __init__(
@@ -522,10 +546,16 @@ class StreamDealer(_Endpoint):
         *,
         blocking: bool = False,
         timeout: float = 10.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(max_bytes)
-        sock = dial(address, timeout)
-        self._conn: _Conn | None = _Conn(sock, b"", max_bytes)
+        self._conn: _Conn | None
+        if tls is None and not address.startswith("tls://"):
+            self._conn = _Conn(dial(address, timeout), b"", max_bytes)
+        else:
+            from pathways_nb.wire import _tls
+
+            self._conn = _tls.dial(address, tls, max_bytes, timeout)
         self._add(self._conn)
         self._blocking = blocking
         self._backlog: collections.deque[list[Any]] = collections.deque()

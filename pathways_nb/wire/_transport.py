@@ -2,7 +2,8 @@
 
 Between processes every link (client ↔ controller ↔ hosts, client ↔ host, host ↔ host)
 runs over :mod:`pathways_nb.wire._stream` (addresses ``tcp://host:port``, or
-``ipc://@name`` for an endpoint bound to loopback), where a ZeroMQ hop's two I/O-thread
+``ipc://@name`` for an endpoint bound to loopback, or ``tls://host:port`` for one given a
+TLS context), where a ZeroMQ hop's two I/O-thread
 wake-ups would dominate each small message. Within one process (``inproc://name``: the
 in-process test tier, where controller, hosts and client share one context) it is
 ZeroMQ. Every socket is owned by one thread, which alone receives; other threads send
@@ -18,7 +19,7 @@ import os
 import select
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -28,6 +29,9 @@ from pathways_nb.wire._stream import StreamDealer, StreamRouter, _Endpoint
 RouterSocket = zmq.Socket[Any] | StreamRouter
 DealerSocket = zmq.Socket[Any] | StreamDealer
 AnySocket = zmq.Socket[Any] | StreamRouter | StreamDealer
+
+if TYPE_CHECKING:
+    import ssl
 
 _inproc_counter = itertools.count()
 
@@ -90,15 +94,33 @@ def connect(
 
 
 def bind_router(
-    ctx: zmq.Context[Any], address: str, max_bytes: int | None = None
+    ctx: zmq.Context[Any],
+    address: str,
+    max_bytes: int | None = None,
+    *,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[RouterSocket, str]:
     """Bind the many-peer end of a link (a ROUTER): ZeroMQ for ``inproc://``, a stream
     endpoint for ``tcp://`` (``:0`` picks a free port; on loopback, a Unix socket) or
-    ``ipc://``. Returns it and the address peers connect to."""
+    ``ipc://``. Returns it and the address peers connect to.
+
+    With ``tls`` (a server-side ``ssl.SSLContext``, such as
+    ``Security.get_listen_args("scheduler")["ssl_context"]``) the stream endpoint speaks
+    TLS over TCP and the address returned is ``tls://HOST:PORT``."""
     if address.startswith("inproc://"):
+        _refuse_tls(address, tls)
         return bind(ctx, zmq.ROUTER, address, max_bytes)
-    router = StreamRouter(address, max_bytes)
+    router = StreamRouter(address, max_bytes, tls=tls)
     return router, router.address
+
+
+def _refuse_tls(address: str, tls: ssl.SSLContext | None) -> None:
+    if tls is not None:
+        raise ValueError(
+            f"a TLS context was given for {address!r}, but inproc:// links stay inside "
+            "this process and are never encrypted: pass tls=None for them, or use a "
+            "tcp:// address to bind (tls:// to connect)"
+        )
 
 
 def connect_dealer(
@@ -108,14 +130,18 @@ def connect_dealer(
     *,
     blocking: bool = False,
     peer: str = "the peer",
+    tls: ssl.SSLContext | None = None,
 ) -> DealerSocket:
     """Connect to a :func:`bind_router` end (as a DEALER); see
     :class:`~pathways_nb.wire._stream.StreamDealer` for ``blocking``. ``peer`` names the
-    other side in the error raised when it cannot be reached."""
+    other side in the error raised when it cannot be reached, a failed TLS handshake
+    included. A ``tls://`` address needs ``tls``, a client-side ``ssl.SSLContext`` such
+    as ``Security.get_connection_args("client")["ssl_context"]``."""
     if not dealer_sends_from_any_thread(address):
+        _refuse_tls(address, tls)
         return connect(ctx, zmq.DEALER, address, max_bytes)
     try:
-        return StreamDealer(address, max_bytes, blocking=blocking)
+        return StreamDealer(address, max_bytes, blocking=blocking, tls=tls)
     except (OSError, ValueError) as exc:
         raise BrokenError(
             f"cannot reach {peer} at {address}: {exc}; is the cluster running and the "

@@ -23,11 +23,13 @@ import zmq
 from jax.sharding import NamedSharding
 
 from pathways_nb._core import (
+    NO_TLS,
     BrokenError,
     Config,
     ProtocolError,
     RemoteError,
     ResourceExhaustedError,
+    TLSContexts,
     VersionMismatchError,
     decode_dtype,
     decode_spec,
@@ -120,8 +122,10 @@ class Host:
         bind_host: str = "127.0.0.1",
         inproc: bool = False,
         own_process: bool = False,
+        tls: TLSContexts = NO_TLS,
     ) -> None:
         self.name = name
+        self._tls = tls  # a cluster that uses TLS: see _core._tls
         self.island = island or name
         self.config = config or default_config()
         self.devices = list(devices if devices is not None else jax.local_devices())
@@ -148,7 +152,7 @@ class Host:
             window=self.config.inflight_window,
             executables=self.config.host_executables,
         )
-        self._sender = Sender(self._ctx, name, self.executor.sends.finished, self.store)
+        self._sender = Sender(self._ctx, name, self.executor.sends.finished, self.store, tls)
         self.executor.send_array = self._sender.submit
         self._waiting_puts = WaitingPuts()
         self.executor.on_noted = self._noted
@@ -190,12 +194,15 @@ class Host:
             if self._inproc
             else f"tcp://{self._bind_host}:0"
         )
-        self._data, self.data_address = bind_router(self._ctx, addr, self.config.max_data_message)
+        self._data, self.data_address = bind_router(
+            self._ctx, addr, self.config.max_data_message, tls=self._tls.server
+        )
         self._ctl = connect_dealer(
             self._ctx,
             self._controller_address,
             self.config.max_control_message,
             peer="the controller",
+            tls=self._tls.for_address(self._controller_address, "the controller"),
         )
         self._direct_ctl = sends_from_any_thread(self._ctl)
         self._direct_data = sends_from_any_thread(self._data)

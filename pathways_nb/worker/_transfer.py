@@ -23,9 +23,11 @@ import numpy as np
 import zmq
 
 from pathways_nb._core import (
+    NO_TLS,
     BrokenError,
     ClosedError,
     RemoteError,
+    TLSContexts,
     as_bytes,
     check_fits,
     decode_dtype,
@@ -134,8 +136,10 @@ class Sender:
         host: str,
         on_read: Callable[[int], None],
         store: ObjectStore | None = None,
+        tls: TLSContexts = NO_TLS,
     ) -> None:
         self._ctx = ctx
+        self._tls = tls
         self.host = host
         self._on_read = on_read
         self._store = store
@@ -285,7 +289,13 @@ class Sender:
 
     def _connect(self, address: str) -> DealerSocket:
         # Blocking: a send returns once the kernel holds it, so the source may go.
-        s = connect_dealer(self._ctx, address, blocking=True, peer="a host")
+        s = connect_dealer(
+            self._ctx,
+            address,
+            blocking=True,
+            peer="a host",
+            tls=self._tls.for_address(address, "a host"),
+        )
         if isinstance(s, zmq.Socket):
             # In one process a send to a host already closed would wait forever
             # (nothing is there to take it): wait in steps, so stop() is heard.
