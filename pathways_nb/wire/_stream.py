@@ -32,22 +32,32 @@ import contextlib
 import errno
 import functools
 import itertools
-import os
 import select
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
+from pathways_nb.wire._addresses import dial, format_tcp, listen, parse_tcp
 from pathways_nb.wire._held import HELD, interrupts_deferred
+from pathways_nb.wire._newcomers import GREET_SECONDS, Newcomers, Spare
 from pathways_nb.wire._recvpool import POOL
 
 if TYPE_CHECKING:
     import ssl
+
+__all__ = [
+    "ALIGN",
+    "StreamDealer",
+    "StreamRouter",
+    "aligned_frames",
+    "dial",
+    "format_tcp",
+    "parse_tcp",
+]
 
 _MAGIC = b"PW"
 _HEAD = struct.Struct("<2sH")
@@ -62,54 +72,6 @@ _UNIX_SNDBUF = 4 << 20
 # size from which a message is worth it: below, its frames are copied out as one block.
 ALIGN = 64
 _ALIGN_FROM = 1 << 16
-
-
-def parse_tcp(address: str) -> tuple[str, int]:
-    """``tcp://HOST:PORT`` → ``(HOST, PORT)``."""
-    if not address.startswith("tcp://") or ":" not in address[6:]:
-        raise ValueError(f"expected an address like tcp://127.0.0.1:5555; got {address!r}")
-    host, _, port = address[6:].rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
-
-
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-_local_names = itertools.count()
-
-
-def _listen(address: str) -> tuple[socket.socket, str]:
-    """A listening socket for ``tcp://HOST:PORT`` and the address peers dial.
-
-    An endpoint bound to loopback is reachable from this machine only, so on Linux it
-    listens on an abstract Unix socket instead (``ipc://@name``): the same reach, without
-    the TCP stack, which roughly halves the CPU a small message costs each side.
-    """
-    if address.startswith("ipc://"):
-        name = address[len("ipc://") :]
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(name.replace("@", "\0", 1) if name.startswith("@") else name)
-        sock.listen(128)
-        return sock, address
-    host, port = parse_tcp(address)
-    if host in _LOOPBACK and port == 0 and sys.platform == "linux":
-        return _listen(f"ipc://@pathways-{os.getpid()}-{next(_local_names)}")
-    sock = socket.create_server((host, port), backlog=128)
-    return sock, format_tcp(host, sock.getsockname()[1])
-
-
-def dial(address: str, timeout: float) -> socket.socket:
-    """A connected socket to a stream endpoint's address (``tcp://`` or ``ipc://``)."""
-    if address.startswith("ipc://"):
-        name = address[len("ipc://") :]
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        sock.connect(name.replace("@", "\0", 1) if name.startswith("@") else name)
-        return sock
-    return socket.create_connection(parse_tcp(address), timeout=timeout)
-
-
-def format_tcp(host: str, port: int) -> str:
-    """``(HOST, PORT)`` → ``tcp://HOST:PORT`` (an IPv6 host in brackets)."""
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def _split(body: memoryview, lens: list[int]) -> list[memoryview]:
@@ -172,6 +134,11 @@ class _Conn:
         # Held while the outgoing queue changes: the owner flushes it, and a dealer may
         # also be sent on by other threads (see StreamDealer.send_multipart).
         self.lock = threading.Lock()
+
+    @property
+    def greeted(self) -> bool:
+        """Whether the peer has spoken (see _newcomers): on a plain link, any bytes do."""
+        return True
 
     # reading ------------------------------------------------------------------------
     def read(self) -> list[list[memoryview]]:
@@ -369,6 +336,8 @@ class _Endpoint:
         # connection broken and drop it while the owner accepts new ones.
         self._lock = threading.Lock()
         self._closed = False
+        # A router's connections not heard from yet (see _newcomers); None on a dealer.
+        self._newcomers: Newcomers | None = None
 
     def fileno(self) -> int:
         """Readable whenever one of this endpoint's sockets needs service."""
@@ -429,6 +398,8 @@ class _Endpoint:
                 for frames in conn.read():
                     count += 1
                     yield self._framed(conn, frames)
+                if self._newcomers:
+                    self._newcomers.heard(conn)
             with conn.lock:
                 if ev & select.EPOLLOUT:
                     conn.flush()
@@ -458,15 +429,23 @@ class StreamRouter(_Endpoint):
 
     With ``tls`` (a server-side ``ssl.SSLContext``) it listens on TCP, loopback included,
     and :attr:`address` reads ``tls://HOST:PORT``; its owner's loop drives each peer's
-    handshake, and a failed one closes that connection only."""
+    handshake, and a failed one closes that connection only. A peer that has said nothing
+    (or not finished its handshake) within ``greet_within`` seconds is closed, and running
+    out of descriptors turns newcomers away rather than waking the loop for ever (see
+    ``_newcomers``)."""
 
     def __init__(
-        self, address: str, max_bytes: int | None = None, *, tls: ssl.SSLContext | None = None
+        self,
+        address: str,
+        max_bytes: int | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        greet_within: float = GREET_SECONDS,
     ) -> None:
         super().__init__(max_bytes)
         self._new_conn: Callable[[socket.socket, bytes], _Conn]
         if tls is None and not address.startswith("tls://"):
-            self._listener, self.address = _listen(address)
+            self._listener, self.address = listen(address)
             self._new_conn = functools.partial(_Conn, max_bytes=max_bytes)
         else:
             from pathways_nb.wire import _tls
@@ -474,6 +453,8 @@ class StreamRouter(_Endpoint):
             self._listener, self.address, self._new_conn = _tls.listen(address, tls, max_bytes)
         self._listener.setblocking(False)
         self._ep.register(self._listener.fileno(), select.EPOLLIN)
+        self._newcomers = Newcomers(greet_within)
+        self._spare = Spare()
         self._by_ident: dict[bytes, _Conn] = {}
         self._next = itertools.count(1)
         # Identities of peers whose connections closed, until the owner asks (departed);
@@ -487,14 +468,32 @@ class StreamRouter(_Endpoint):
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return took
-            except OSError:
-                return took  # out of descriptors or the like: the peer sees a reset
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    return took  # the peer sees a reset
+                # Out of descriptors (see _newcomers): free one, or turn the peer away.
+                silent = self._newcomers.oldest() if self._newcomers else None
+                if silent is None:
+                    self._spare.shed(self._listener)
+                    return took
+                self._drop(cast(_Conn, silent))
+                continue
             took = True
             conn = self._new_conn(sock, b"\x00" + next(self._next).to_bytes(4, "big"))
             self._by_ident[conn.ident] = conn
             self._add(conn)
+            if self._newcomers is not None:
+                self._newcomers.arrived(conn)
+
+    def receive(self, limit: int = 1000) -> Iterator[list[Any]]:
+        if self._newcomers:
+            for conn in self._newcomers.overdue():
+                self._drop(cast(_Conn, conn))
+        yield from super().receive(limit)
 
     def _gone(self, conn: _Conn) -> None:
+        if self._newcomers is not None:
+            self._newcomers.forget(conn)
         self._by_ident.pop(conn.ident, None)
         if self._departed is not None:
             self._departed.append(conn.ident)
@@ -521,6 +520,7 @@ class StreamRouter(_Endpoint):
     def close(self, linger: int | None = None) -> None:
         if not self._closed:
             self._listener.close()
+            self._spare.close()
         super().close(linger)
 
 

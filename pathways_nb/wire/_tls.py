@@ -43,7 +43,8 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from pathways_nb.wire._stream import _BODY_TURN, _CHUNK, _Conn, format_tcp, parse_tcp
+from pathways_nb.wire._addresses import format_tcp, parse_tcp
+from pathways_nb.wire._stream import _BODY_TURN, _CHUNK, _Conn
 
 # "PW" and a frame count of zero: the router's word that it accepted the peer.
 _ACK = b"PW\x00\x00"
@@ -315,6 +316,11 @@ class TLSConn(_Conn):
                 "does it speak TLS (a router bound with a TLS context)?"
             )
         self._bio_in.write(got)
+
+    @property
+    def greeted(self) -> bool:
+        """A router's peer has spoken once its handshake is done (see _newcomers)."""
+        return self.ready
 
     @property
     def has_unread(self) -> bool:
