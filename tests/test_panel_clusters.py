@@ -4,11 +4,13 @@ cluster`` of the Jupyter server's, that ends with it however it ends."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import psutil
 import pytest
 from _processes import gone, tree
 from jax.sharding import PartitionSpec as P
@@ -100,9 +102,13 @@ def test_a_killed_server_leaves_no_cluster_behind() -> None:
         started = json.loads(proc.stdout.readline())
         pids = tree(started["pid"])
         assert len(pids) >= 4
+        command = psutil.Process(started["pid"]).cmdline()
+        folder = os.path.dirname(command[command.index("--scheduler-file") + 1])
+        assert os.path.exists(os.path.join(folder, "cluster.log"))
         proc.kill()
         proc.wait()
         assert gone(pids, 40), f"orphans: {pids}"
+        assert not os.path.exists(folder)  # nor its log's folder
     finally:
         if proc.poll() is None:
             proc.kill()

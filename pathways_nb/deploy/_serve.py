@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from pathways_nb._core import BrokenError
 from pathways_nb.deploy._local import LocalCluster
-from pathways_nb.deploy._watch import watch_parent
+from pathways_nb.deploy._watch import remove_cluster_dir, watch_parent
 
 
 @contextlib.contextmanager
@@ -66,9 +66,15 @@ def serve(
     runs the cluster with TLS, as ``LocalCluster(security=...)`` does.
     """
     stop = threading.Event()
+    orphaned = threading.Event()
+
+    def parent_gone() -> None:
+        orphaned.set()
+        stop.set()
+
     # Started on behalf of another process (JupyterLab's panel names its server in
     # $PATHWAYS_PARENT_PID): the cluster ends when that process does.
-    watch_parent(stop.set)
+    watch_parent(parent_gone)
     with _stop_on_signals(stop):
         cluster = LocalCluster(
             islands,
@@ -113,6 +119,10 @@ def serve(
             if scheduler_file:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(scheduler_file)
+            if orphaned.is_set():
+                # The folder its starter keeps its log in ($PATHWAYS_CLUSTER_DIR), which
+                # the starter, gone, will not remove.
+                remove_cluster_dir()
 
 
 def _security_hint(security: Any) -> str:

@@ -129,7 +129,12 @@ class Launched:
             info_file,
             "--no-dashboard",
         ]
-        env = {**os.environ, "PATHWAYS_PARENT_PID": str(os.getpid())}
+        # The cluster watches this server, and removes its folder if the server dies.
+        env = {
+            **os.environ,
+            "PATHWAYS_PARENT_PID": str(os.getpid()),
+            "PATHWAYS_CLUSTER_DIR": folder,
+        }
         with open(log_path, "wb") as log:
             # A session of its own: a Ctrl-C at the server's terminal is the server's.
             process = subprocess.Popen(
