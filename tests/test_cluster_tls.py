@@ -199,3 +199,26 @@ def test_the_cluster_command_runs_with_the_tls_files_given(tmp_path: Path) -> No
         out = served.communicate(timeout=60)[0].decode()
     assert served.returncode == 0, out
     assert "security=Security(tls_ca_file=" in out
+
+
+def test_a_killed_host_comes_back_over_tls() -> None:
+    with (
+        pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False, security=True) as c,
+        pw.Client(c) as client,
+    ):
+        a = client.allocate({"x": 2})
+        b = client.allocate({"x": 2})
+        st = client.status()
+        victim = int(st.islands.set_index("host").loc[a.host, "process"].split(":")[-1])
+        old_host = a.host
+        os.kill(victim, signal.SIGKILL)
+        # The nanny's new worker process starts its host with the worker's certificate
+        # again: the lost slice comes back on it, reached over TLS.
+        deadline = time.monotonic() + 90
+        while a.host == old_host or a.state != "active":
+            assert time.monotonic() < deadline, f"slice {a} not remapped"
+            time.sleep(0.05)
+        assert a.epoch == 1 and a.data_address.startswith("tls://")
+        x = a.put(np.arange(4, dtype=np.float32), P("x"))
+        moved = pw.jit(lambda v: v * 3, slice=b)(x + 1)
+        np.testing.assert_array_equal(np.asarray(moved), (np.arange(4) + 1) * 3)
