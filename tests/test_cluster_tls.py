@@ -222,3 +222,34 @@ def test_a_killed_host_comes_back_over_tls() -> None:
         x = a.put(np.arange(4, dtype=np.float32), P("x"))
         moved = pw.jit(lambda v: v * 3, slice=b)(x + 1)
         np.testing.assert_array_equal(np.asarray(moved), (np.arange(4) + 1) * 3)
+
+
+def test_the_cluster_command_makes_certificates_a_scheduler_file_hands_to_clients(
+    tmp_path: Path,
+) -> None:
+    from pathways_nb._magics import Session
+
+    info_file = tmp_path / "cluster.json"
+    cmd = [sys.executable, "-m", "pathways_nb.deploy._cli", "cluster", "--islands", "1"]
+    cmd += ["--devices", "2", "--no-dashboard", "--scheduler-file", str(info_file), "--tls"]
+    served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not info_file.exists():
+            assert served.poll() is None, f"the command exited with {served.returncode}"
+            assert time.monotonic() < deadline, f"no {info_file} after 120 s"
+            time.sleep(0.1)
+        info = json.loads(info_file.read_text())
+        assert info["address"].startswith("tls://")
+        assert set(info["tls"]) == {"tls_ca_file", "tls_client_cert", "tls_client_key"}
+        with pw.Client(scheduler_file=info_file) as client:
+            vs = client.allocate({"x": 2})
+            np.testing.assert_array_equal((vs.put(np.ones(2)) * 3).fetch(), [3.0, 3.0])
+        notebook = Session()  # %pathways connect FILE: the same
+        assert notebook.connect(str(info_file)).controller_address.startswith("tls://")
+        notebook.stop()
+    finally:
+        served.send_signal(signal.SIGINT)
+        out = served.communicate(timeout=60)[0].decode()
+    assert served.returncode == 0, out
+    assert "tls_client_key=" in out  # the connect line it printed names the files

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb.lab import _launched as launched_module
-from pathways_nb.lab._launched import Launched, check_platform, check_size
+from pathways_nb.lab._launched import Launched, check_platform, check_size, check_tls
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +47,32 @@ def test_a_started_cluster_serves_notebooks_and_stops() -> None:
         launched.close()
 
 
+def test_a_cluster_started_with_tls_is_shown_and_its_connect_cell_connects() -> None:
+    pytest.importorskip("cryptography")
+    from pathways_nb.lab._boards import Boards
+
+    launched, boards = Launched(), Boards()
+    try:
+        started = launched.start(1, 2, tls=True)
+        address = started["address"]
+        assert address.startswith("tls://") and started["tls"] is True
+        with pytest.raises(ValueError, match=r"certificate was given"):
+            pw.Client(address)  # the panel's server holds the certificate, not Dask's config
+        snap = boards.board(address).snapshot()
+        assert "error" not in snap, snap.get("error")
+        assert "security=security" in snap["connect"] and "tls_client_key=" in snap["connect"]
+        cell: dict[str, object] = {}
+        exec(snap["connect"], cell)  # what "Insert pw.Client" puts in a notebook
+        client = cell["client"]
+        assert isinstance(client, pw.Client) and client.controller_address.startswith("tls://")
+        vs = client.allocate({"x": 2})
+        np.testing.assert_array_equal((vs.put(np.ones(2, np.float32)) + 1).fetch(), [2.0, 2.0])
+        client.close()
+    finally:
+        boards.close()
+        launched.close()
+
+
 def test_a_server_starts_at_most_a_few_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launched_module, "MAX_STARTED", 1)
     launched = Launched()
@@ -70,6 +96,9 @@ def test_a_cluster_that_does_not_come_up_in_time_is_stopped() -> None:
 
 def test_sizes_the_panel_cannot_start_are_refused() -> None:
     assert check_size(2, 4) == (2, 4)
+    assert check_tls(True) and not check_tls(False)
+    with pytest.raises(ValueError, match=r"tls is true .* or false; got 'yes'"):
+        check_tls("yes")
     assert [check_platform(p) for p in ("cpu", "auto")] == ["cpu", "auto"]
     for bad in ("gpu", None, 1):
         with pytest.raises(ValueError, match=r"platform is 'cpu' .* or 'auto' .*; got"):

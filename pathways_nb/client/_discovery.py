@@ -175,3 +175,19 @@ def address_from_file(path: str | os.PathLike[str]) -> str:
     if not isinstance(address, str):
         raise ValueError(f"the address in {os.fspath(path)!r} is not a string: {address!r}")
     return address
+
+
+def security_from_file(path: str | os.PathLike[str]) -> Any:
+    """The ``distributed.Security`` a scheduler file names for clients (``pathways-nb
+    cluster --tls`` writes its client certificate's files there), or None."""
+    try:
+        with open(path) as f:
+            files = json.load(f).get("tls")
+    except (OSError, ValueError, AttributeError):
+        return None  # address_from_file says what is wrong with the file
+    if not isinstance(files, dict):
+        return None
+    from distributed.security import Security
+
+    keys = ("tls_ca_file", "tls_client_cert", "tls_client_key")
+    return Security(**{k: str(files[k]) for k in keys if k in files})

@@ -39,6 +39,7 @@ from pathways_nb.client._discovery import (
     ask_scheduler,
     client_tls,
     security_for,
+    security_from_file,
 )
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
@@ -116,6 +117,7 @@ class Client(ArrayIO):
             if address is not None:
                 raise ValueError("give pw.Client an address or a scheduler_file, not both")
             address = address_from_file(scheduler_file)
+            security = security or security_from_file(scheduler_file)
         if controller is None:
             if address is None:
                 raise ValueError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="the Dask scheduler's port, as in `dask scheduler --port 8786`: notebooks then "
         "connect with pw.Client('tcp://HOST:PORT'); 0 (default) takes any free one",
+    )
+    cluster.add_argument(
+        "--tls",
+        action="store_true",
+        help="run with TLS on certificates made for this cluster (needs `cryptography`); "
+        "notebooks of this user on this machine connect with "
+        "pw.Client(scheduler_file=...), which finds the client's certificate",
     )
     for flag, what in (
         ("--tls-ca-file", "the CA certificate(s) every process checks its peers' against"),
@@ -116,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         from pathways_nb._core import BrokenError
 
         tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
-        security = None
-        if any(tls_files):
+        security: Any = None
+        if args.tls and any(tls_files):
+            parser.error("--tls makes the cluster's certificates: give it or the --tls-* files")
+        if args.tls:
+            security = True
+        elif any(tls_files):
             if not all(tls_files):
                 parser.error("TLS takes all of --tls-ca-file, --tls-cert and --tls-key")
             from distributed.security import Security
@@ -144,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 port=args.port,
                 security=security,
             )
-        except ValueError as exc:  # a setting no cluster can start with
+        except (ValueError, ImportError) as exc:  # a setting no cluster can start with
             parser.error(str(exc))
         except BrokenError as exc:  # a process of the cluster failed to start
             print(f"pathways-nb cluster: {exc}", file=sys.stderr)

@@ -104,3 +104,11 @@ def write_client_files(security: Any, folder: str) -> None:
         else:
             with open(value) as f:
                 _as_file(f.read(), folder, name)
+
+
+def client_files(folder: str) -> dict[str, str]:
+    """The client's files :func:`write_client_files` put in ``folder``, by the names a
+    ``distributed.Security`` takes them (``tls_ca_file``, ``tls_client_cert``,
+    ``tls_client_key``)."""
+    keys = ("tls_ca_file", "tls_client_cert", "tls_client_key")
+    return {k: os.path.join(folder, name) for k, name in zip(keys, _CLIENT_FILES, strict=True)}

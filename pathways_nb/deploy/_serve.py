@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from pathways_nb._core import BrokenError
 from pathways_nb.deploy._local import LocalCluster
+from pathways_nb.deploy._security import client_files
 from pathways_nb.deploy._watch import remove_cluster_dir, watch_parent
 
 
@@ -61,7 +62,8 @@ def serve(
 
     ``scheduler_file``, when given, receives the addresses as JSON once every host is
     up (``address``, ``controller``, ``dashboard``, ``pid``, ``islands``,
-    ``devices_per_island``) and is removed on exit: scripts wait for it, then connect
+    ``devices_per_island``; with TLS, ``tls``: the files of a client certificate) and is
+    removed on exit: scripts wait for it, then connect
     with ``pw.Client(scheduler_file=path)``. ``security`` (a ``distributed.Security``)
     runs the cluster with TLS, as ``LocalCluster(security=...)`` does.
     """
@@ -94,13 +96,18 @@ def serve(
                 "islands": islands,
                 "devices_per_island": devices,
             }
+            if cluster.security is not None:
+                # A client's certificate, in the cluster's folder only this user reads:
+                # pw.Client(scheduler_file=...) connects with it.
+                info["tls"] = client_files(cluster.logs_dir)
             if scheduler_file:
                 _write_info(scheduler_file, info)
             kind = platform or "auto"
             print(
                 f"pathways_nb cluster: {islands} islands x {devices} {kind} devices\n"
                 f"  scheduler  {cluster.scheduler_address}\n"
-                f"  connect    pw.Client({cluster.scheduler_address!r}{_security_hint(security)})\n"
+                f"  connect    pw.Client({cluster.scheduler_address!r}"
+                f"{_security_hint(info.get('tls'))})\n"
                 + (f"  dashboard  {cluster.dashboard_link}\n" if cluster.dashboard_link else "")
                 + "Ctrl-C or SIGTERM stops it.",
                 file=out,
@@ -125,14 +132,13 @@ def serve(
                 remove_cluster_dir()
 
 
-def _security_hint(security: Any) -> str:
-    """What a client adds to reach a cluster started with TLS."""
-    if security is None:
+def _security_hint(files: Any) -> str:
+    """What a client adds to reach a cluster started with TLS (``files``: its client
+    files, see ``_security.client_files``)."""
+    if not files:
         return ""
-    return (
-        f", security=Security(tls_ca_file={security.tls_ca_file!r}, "
-        "tls_client_cert=..., tls_client_key=...)"
-    )
+    given = ", ".join(f"{k}={v!r}" for k, v in files.items())
+    return f", security=Security({given})"
 
 
 def read_address(address: str | None, scheduler_file: str | None) -> str:

@@ -44,16 +44,36 @@ class Found:
     # A local cluster's folder, where a cluster started with TLS keeps a client's files.
     folder: str = field(default="", compare=False)
 
-    def security(self) -> Any:
-        """The ``distributed.Security`` to connect with: a local TLS cluster's client
-        files, else None (a configured address uses Dask's configuration)."""
+    def tls_files(self) -> dict[str, str] | None:
+        """A local TLS cluster's client files, by the names ``distributed.Security``
+        takes them; None for another cluster."""
         paths = [os.path.join(self.folder, name) for name in LOCAL_TLS_FILES]
         if not self.folder or not all(os.path.exists(p) for p in paths):
             return None
+        return dict(zip(("tls_ca_file", "tls_client_cert", "tls_client_key"), paths, strict=True))
+
+    def security(self) -> Any:
+        """The ``distributed.Security`` to connect with: a local TLS cluster's client
+        files, else None (a configured address uses Dask's configuration)."""
+        files = self.tls_files()
+        if files is None:
+            return None
         from distributed.security import Security
 
-        ca, cert, key = paths
-        return Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key)
+        return Security(**files)
+
+    def connect_code(self) -> str:
+        """The cell that connects a notebook to this cluster ("Insert pw.Client")."""
+        files = self.tls_files()
+        if files is None:
+            return f"import pathways_nb as pw\n\nclient = pw.Client({json.dumps(self.address)})"
+        given = "".join(f"    {k}={json.dumps(v)},\n" for k, v in files.items())
+        return (
+            "import pathways_nb as pw\nfrom distributed.security import Security\n\n"
+            "# This cluster runs with TLS: a client certificate it made for this user.\n"
+            f"security = Security(\n{given})\n"
+            f"client = pw.Client({json.dumps(self.address)}, security=security)"
+        )
 
     def to_dict(self) -> dict[str, str]:
         return {"address": self.address, "source": self.source}
@@ -147,6 +167,7 @@ class Board:
                 "span_ms": self._timeline.span_ms,
                 # The timeline colours programs by tenant: the legend names them.
                 "tenants": {str(r[0]): str(r[1]) for r in s.rows["tenants"]},
+                "connect": self.found.connect_code(),
                 "updated": time.time(),
             }
 

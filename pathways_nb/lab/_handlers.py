@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import json
 import threading
 from collections.abc import Callable
@@ -24,7 +25,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from pathways_nb.lab._launched import Launched, check_platform, check_size
+from pathways_nb.lab._launched import Launched, check_platform, check_size, check_tls
 
 if TYPE_CHECKING:
     from pathways_nb.lab._boards import Boards
@@ -91,21 +92,23 @@ class ClustersHandler(_Handler):
 
     @tornado.web.authenticated
     async def post(self) -> None:
-        """Start a cluster: ``{"islands": N, "devices_per_island": M, "platform": P}``
-        (``"cpu"``, the default, or ``"auto"``)."""
+        """Start a cluster: ``{"islands": N, "devices_per_island": M, "platform": P,
+        "tls": T}`` (``"cpu"``, the default, or ``"auto"``; ``tls`` false by default)."""
         try:
             body = json.loads(self.request.body or b"{}")
             if not isinstance(body, dict):
                 raise ValueError(f"the request is a JSON object; got {type(body).__name__}")
             islands, devices = check_size(body.get("islands"), body.get("devices_per_island"))
             platform = check_platform(body.get("platform", "cpu"))
+            tls = check_tls(body.get("tls", False))
         except ValueError as exc:
             self._reply({"error": str(exc)}, 400)
             return
         loop = asyncio.get_running_loop()
         try:
             started = await loop.run_in_executor(
-                self.launches, self._launched.start, islands, devices, platform
+                self.launches,
+                functools.partial(self._launched.start, islands, devices, platform, tls=tls),
             )
         except ValueError as exc:  # as many running as the server starts
             self._reply({"error": str(exc)}, 409)

@@ -42,6 +42,7 @@ class _Started:
     platform: str
     process: subprocess.Popen[bytes]
     folder: str
+    tls: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,11 +50,22 @@ class _Started:
             "islands": self.islands,
             "devices_per_island": self.devices,
             "platform": self.platform,
+            "tls": self.tls,
             "pid": self.process.pid,
             # How the panel lists it: a cluster it may stop.
             "source": "started here",
             "stoppable": True,
         }
+
+
+def check_tls(tls: object) -> bool:
+    """Whether the cluster is to run with TLS; ValueError for what is not a boolean."""
+    if not isinstance(tls, bool):
+        raise ValueError(
+            f"tls is true (every link over TLS, on certificates made for the cluster) or "
+            f"false; got {tls!r}"
+        )
+    return tls
 
 
 def check_size(islands: object, devices: object) -> tuple[int, int]:
@@ -96,6 +108,7 @@ class Launched:
         devices: object,
         platform: object = "cpu",
         timeout: float = START_SECONDS,
+        tls: object = False,
     ) -> dict[str, Any]:
         """Start a cluster of ``islands`` hosts with ``devices`` devices each (simulated
         CPU devices, or with ``platform="auto"`` the accelerators each host finds);
@@ -104,6 +117,7 @@ class Launched:
         start."""
         n_islands, n_devices = check_size(islands, devices)
         kind = check_platform(platform)
+        secure = check_tls(tls)
         running = self.running()
         if len(running) >= MAX_STARTED:
             raise ValueError(
@@ -128,6 +142,7 @@ class Launched:
             "--scheduler-file",
             info_file,
             "--no-dashboard",
+            *(["--tls"] if secure else []),
         ]
         # The cluster watches this server, and removes its folder if the server dies.
         env = {
@@ -162,7 +177,7 @@ class Launched:
                     f"come up within {timeout:.0f} s; stopped it. Its output: {text}"
                 )
             time.sleep(0.1)
-        started = _Started(address, n_islands, n_devices, kind, process, folder)
+        started = _Started(address, n_islands, n_devices, kind, process, folder, secure)
         with self._lock:
             self._started[address] = started
         return started.to_dict()

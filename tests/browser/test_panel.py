@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import jax.numpy as jnp
 import numpy as np
@@ -165,10 +166,12 @@ def test_the_panel_starts_a_cluster_a_notebook_uses_and_stops_it(lab: str) -> No
             ).wait_for(timeout=30_000)
             page.fill(".pw-panel-islands", "1")
             page.fill(".pw-panel-devices", "2")
+            page.check(".pw-panel-tls")  # every link over TLS, on certificates made for it
             page.click(".pw-panel-start")
             status = page.locator(".pw-panel-status")
             status.locator("text=1 islands, 2 devices").wait_for(timeout=120_000)
             address = page.locator(".pw-panel-clusters").input_value()
+            assert address.startswith("tls://")
             assert page.locator(".pw-panel-stop").is_visible()
             started = [c for c in _api(lab, "pathways-nb/clusters")["clusters"] if c["stoppable"]]
             assert [(c["address"], c["source"]) for c in started] == [(address, "started here")]
@@ -176,9 +179,16 @@ def test_the_panel_starts_a_cluster_a_notebook_uses_and_stops_it(lab: str) -> No
 
             page.click(".pw-panel-insert")
             cell = page.locator(".jp-Notebook .jp-Cell .cm-content").last
-            cell.locator(f'text=client = pw.Client("{address}")').wait_for(timeout=30_000)
+            line = f'client = pw.Client("{address}", security=security)'
+            cell.locator(f"text={line}").wait_for(timeout=30_000)
             assert "import pathways_nb as pw" in cell.inner_text()
-            with pw.Client(address, name="notebook") as client:
+            assert "tls_client_cert=" in cell.inner_text()
+            # The cell the panel inserted, as the notebook would run it.
+            code = _api(lab, f"pathways-nb/board?address={quote(address)}")["connect"]
+            assert code.endswith(line)
+            ran: dict[str, Any] = {}
+            exec(code, ran)
+            with ran["client"] as client:
                 vs = client.allocate({"x": 2})
                 x = np.arange(4, dtype=np.float32)
                 np.testing.assert_array_equal(

@@ -98,3 +98,6 @@ def test_the_cluster_command_takes_all_three_tls_files_or_none(
         cli(["cluster", "--tls-cert", "node.pem"])
     assert info.value.code == 2
     assert "TLS takes all of --tls-ca-file, --tls-cert and --tls-key" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["cluster", "--tls", "--tls-ca-file", "ca.pem"])
+    assert "--tls makes the cluster's certificates" in capsys.readouterr().err

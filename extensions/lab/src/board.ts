@@ -15,6 +15,8 @@ export interface Board {
   rows?: TimelineRow[];
   lanes?: string[];
   tenants?: Record<string, string>;
+  // The cell that connects a notebook to it (with its client certificate, under TLS).
+  connect?: string;
 }
 
 /** A JSON answer of the server extension (to a GET, or to ``init``'s method and body);

@@ -28,6 +28,9 @@ export class PathwaysPanel extends Widget {
   private islands = document.createElement('input');
   private devices = document.createElement('input');
   private platform = document.createElement('select');
+  private tls = document.createElement('input');
+  // The connect cell of the board last drawn, and whose it is.
+  private connect: { address: string; code: string } | undefined;
   private start = document.createElement('button');
   private stop = document.createElement('button');
   private insert = document.createElement('button');
@@ -100,10 +103,14 @@ export class PathwaysPanel extends Widget {
       l.append(text, el);
       return l;
     };
+    this.tls.type = 'checkbox';
+    this.tls.className = 'pw-panel-tls';
+    this.tls.title = 'every link over TLS, on certificates made for this cluster';
     launch.append(
       label('islands ', this.islands),
       label('devices ', this.devices),
       this.platform,
+      label('TLS ', this.tls),
       this.start
     );
 
@@ -198,8 +205,10 @@ export class PathwaysPanel extends Widget {
     const islands = Number(this.islands.value);
     const devices = Number(this.devices.value);
     const platform = this.platform.value;
-    this.say(`starting a cluster of ${islands} islands x ${devices} devices…`);
-    const body = JSON.stringify({ islands, devices_per_island: devices, platform });
+    const tls = this.tls.checked;
+    const what = `${islands} islands x ${devices} devices${tls ? ' with TLS' : ''}`;
+    this.say(`starting a cluster of ${what}…`);
+    const body = JSON.stringify({ islands, devices_per_island: devices, platform, tls });
     const started = await this.act<Cluster>(this.start, 'start a cluster', '', {
       method: 'POST',
       body
@@ -233,7 +242,8 @@ export class PathwaysPanel extends Widget {
       this.say('choose or start a cluster first', true);
       return;
     }
-    if (!(await this.insertCode(connectCode(this.address)))) {
+    const known = this.connect?.address === this.address ? this.connect.code : undefined;
+    if (!(await this.insertCode(known ?? connectCode(this.address)))) {
       this.say('open a notebook to insert the code into', true);
     }
   }
@@ -313,6 +323,7 @@ export class PathwaysPanel extends Widget {
 
   private draw(board: Board): void {
     if (showError(this.message, board)) return;
+    if (board.connect) this.connect = { address: board.address, code: board.connect };
     this.message.textContent = board.address;
     this.status.innerHTML = board.html ?? '';
     // At the panel's width (less its padding): widening the sidebar widens the timeline.
