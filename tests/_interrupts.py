@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pathways_nb as pw
 
@@ -73,3 +74,38 @@ def outcomes(client: pw.Client, outs: list[pw.RemoteArray]) -> set[str]:
         except pw.RemoteError as exc:
             kinds.add(exc.kind)
     return kinds
+
+
+class SigintAfter:
+    """A connection's socket that raises SIGINT in this (the main) thread right after
+    each call of ``name`` returns, as "interrupt kernel" does most of the time."""
+
+    def __init__(self, sock: Any, name: str) -> None:
+        self._sock, self._name = sock, name
+
+    def __getattr__(self, attr: str) -> Any:
+        real = getattr(self._sock, attr)
+        if attr != self._name:
+            return real
+
+        def then_sigint(*args: Any) -> Any:
+            out = real(*args)
+            signal.raise_signal(signal.SIGINT)
+            return out
+
+        return then_sigint
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C in the main thread handled as a client's process handles it (see
+    ``wire._held``), and as before again afterwards."""
+    from pathways_nb.wire import _held, hold_interrupts_in_main_thread
+
+    before = signal.getsignal(signal.SIGINT)
+    hold_interrupts_in_main_thread()
+    try:
+        yield
+    finally:
+        _held.HELD.enabled = False
+        signal.signal(signal.SIGINT, before)

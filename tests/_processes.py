@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -29,3 +33,14 @@ def tree(pid: int) -> list[int]:
         return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
     except psutil.NoSuchProcess:
         return []
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[Any], timeout: float) -> Any:
+    """The JSON a command writes to ``path`` once it is ready (a scheduler file), failing
+    if the command exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the command exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.1)
+    return json.loads(path.read_text())

@@ -22,7 +22,7 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
-from _processes import gone
+from _processes import gone, wait_for_file
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
@@ -813,15 +813,6 @@ def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
     assert magics.session.client is None and gone(pids, 30)
 
 
-def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the command exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
-        time.sleep(0.1)
-    return json.loads(path.read_text())
-
-
 def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -834,7 +825,7 @@ def test_the_cluster_command_serves_several_kernels_and_stops_on_ctrl_c(
     env = {**os.environ, "PATHWAYS_TENANT_MAX_DEVICES": "2", "PATHWAYS_TENANT_STORE_BYTES": "65536"}
     served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        info = _wait_for_file(info_file, served, 120)
+        info = wait_for_file(info_file, served, 120)
         assert info["pid"] == served.pid and info["islands"] == 2
         pids = _cluster_pids(served.pid)
         assert len(pids) >= 5  # scheduler, and a nanny and a worker per island
@@ -898,7 +889,7 @@ def test_a_dask_scheduler_without_the_preload_is_named_as_such(tmp_path: Path) -
     with open(log, "wb") as err:
         plain = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        address = _wait_for_file(sched_file, plain, 60)["address"]
+        address = wait_for_file(sched_file, plain, 60)["address"]
         # It was a TypeError from inside the client ("'NoneType' object is not iterable").
         with pytest.raises(pw.BrokenError, match=r"runs no pathways controller.*--preload"):
             pw.Client(address, timeout=10)

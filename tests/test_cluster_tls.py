@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import msgpack
 import numpy as np
 import pytest
+from _processes import wait_for_file
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
@@ -174,12 +174,7 @@ def test_the_cluster_command_runs_with_the_tls_files_given(tmp_path: Path) -> No
     cmd += ["--tls-key", str(files["key"])]
     served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while not info_file.exists():
-            assert served.poll() is None, f"the command exited with {served.returncode}"
-            assert time.monotonic() < deadline, f"no {info_file} after 120 s"
-            time.sleep(0.1)
-        address = json.loads(info_file.read_text())["address"]
+        address = wait_for_file(info_file, served, 120)["address"]
         assert address.startswith("tls://")
         mine = Security(
             tls_ca_file=str(files["ca"]),
@@ -234,12 +229,7 @@ def test_the_cluster_command_makes_certificates_a_scheduler_file_hands_to_client
     cmd += ["--devices", "2", "--no-dashboard", "--scheduler-file", str(info_file), "--tls"]
     served = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while not info_file.exists():
-            assert served.poll() is None, f"the command exited with {served.returncode}"
-            assert time.monotonic() < deadline, f"no {info_file} after 120 s"
-            time.sleep(0.1)
-        info = json.loads(info_file.read_text())
+        info = wait_for_file(info_file, served, 120)
         assert info["address"].startswith("tls://")
         assert set(info["tls"]) == {"tls_ca_file", "tls_client_cert", "tls_client_key"}
         with pw.Client(scheduler_file=info_file) as client:

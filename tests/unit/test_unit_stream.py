@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import signal
 import socket
 import threading
 import time
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from _interrupts import SigintAfter, interrupts_held
 
 from pathways_nb._core import BrokenError
 from pathways_nb.wire import (
@@ -20,7 +20,6 @@ from pathways_nb.wire import (
     Poller,
     connect_dealer,
     departed,
-    hold_interrupts_in_main_thread,
     peer_id,
     receive,
 )
@@ -377,35 +376,10 @@ def test_a_dealer_reports_what_its_kernel_buffer_takes_at_once(router: StreamRou
     assert d.send_buffer() == 0
 
 
-class _SigintAfter:
-    """A connection's socket that raises SIGINT in this (the main) thread right after
-    each call of ``name`` returns, as "interrupt kernel" does most of the time."""
-
-    def __init__(self, sock: socket.socket, name: str) -> None:
-        self._sock, self._name = sock, name
-
-    def __getattr__(self, attr: str) -> Any:
-        real = getattr(self._sock, attr)
-        if attr != self._name:
-            return real
-
-        def then_sigint(*args: Any) -> Any:
-            out = real(*args)
-            signal.raise_signal(signal.SIGINT)
-            return out
-
-        return then_sigint
-
-
 @pytest.fixture
 def held() -> Iterator[None]:
-    from pathways_nb.wire import _held
-
-    before = signal.getsignal(signal.SIGINT)
-    hold_interrupts_in_main_thread()
-    yield
-    _held.HELD.enabled = False
-    signal.signal(signal.SIGINT, before)
+    with interrupts_held():
+        yield
 
 
 @pytest.mark.usefixtures("held")
@@ -420,7 +394,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_send_or_a_receive_took(
     assert conn is not None
     real = conn.sock
     # A send: the interrupt comes once the message is counted as gone, and it goes once.
-    conn.sock = _SigintAfter(real, "sendmsg")  # type: ignore[assignment]
+    conn.sock = SigintAfter(real, "sendmsg")  # type: ignore[assignment]
     with pytest.raises(KeyboardInterrupt):
         d.send_multipart([b"one", b"x" * 100_000])
     conn.sock = real
@@ -431,7 +405,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_send_or_a_receive_took(
     # A receive: the bytes taken are counted before the interrupt, so the next message
     # still parses.
     big = np.arange(1 << 18, dtype=np.float32)  # received straight into its own frames
-    conn.sock = _SigintAfter(real, "recvmsg_into")  # type: ignore[assignment]
+    conn.sock = SigintAfter(real, "recvmsg_into")  # type: ignore[assignment]
     router.send_multipart([peer, b"array", big.tobytes()])
     router.send_multipart([peer, b"after"])
     out: list[list[bytes]] = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import re
-import signal
 import socket
 import ssl
 import threading
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 import zmq
+from _interrupts import SigintAfter, interrupts_held
 
 pytest.importorskip("cryptography")
 from distributed.security import Security
@@ -33,7 +33,6 @@ from pathways_nb.wire import (
     connect_dealer,
     dealer_sends_from_any_thread,
     departed,
-    hold_interrupts_in_main_thread,
     receive,
 )
 from pathways_nb.wire._stream import StreamDealer, StreamRouter
@@ -463,35 +462,10 @@ def test_an_oversized_message_drops_its_sender(tls: Contexts) -> None:
     router.close()
 
 
-class _SigintAfter:
-    """A connection's socket that raises SIGINT in this (the main) thread right after
-    each call of ``name`` returns, as "interrupt kernel" does most of the time."""
-
-    def __init__(self, sock: socket.socket, name: str) -> None:
-        self._sock, self._name = sock, name
-
-    def __getattr__(self, attr: str) -> Any:
-        real = getattr(self._sock, attr)
-        if attr != self._name:
-            return real
-
-        def then_sigint(*args: Any) -> Any:
-            out = real(*args)
-            signal.raise_signal(signal.SIGINT)
-            return out
-
-        return then_sigint
-
-
 @pytest.fixture
 def held() -> Iterator[None]:
-    from pathways_nb.wire import _held
-
-    before = signal.getsignal(signal.SIGINT)
-    hold_interrupts_in_main_thread()
-    yield
-    _held.HELD.enabled = False
-    signal.signal(signal.SIGINT, before)
+    with interrupts_held():
+        yield
 
 
 @pytest.mark.usefixtures("held")
@@ -506,7 +480,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_tls_send_or_receive_took(
     conn = d._conn
     assert conn is not None
     real = conn.sock
-    conn.sock = _SigintAfter(real, "send")  # type: ignore[assignment]
+    conn.sock = SigintAfter(real, "send")  # type: ignore[assignment]
     with pytest.raises(KeyboardInterrupt):
         d.send_multipart([b"one", b"x" * 100_000])
     conn.sock = real
@@ -514,7 +488,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_tls_send_or_receive_took(
     got = gather(router, d, n=2)
     assert [m[1] for m in got] == [b"one", b"two"] and len(got[0][2]) == 100_000
     big = np.arange(1 << 18, dtype=np.float32)  # decrypted straight into its own frames
-    conn.sock = _SigintAfter(real, "recv")  # type: ignore[assignment]
+    conn.sock = SigintAfter(real, "recv")  # type: ignore[assignment]
     router.send_multipart([peer, b"array", big.tobytes()])
     router.send_multipart([peer, b"after"])
     out: list[list[bytes]] = []
