@@ -50,7 +50,7 @@ from pathways_nb._core._specs import (
     validate_mesh_shape,
     validate_weight,
 )
-from pathways_nb._core._tls import NO_TLS, TLS_PREFIX, TLSContexts, missing_tls
+from pathways_nb._core._tls import NO_TLS, TLS_PREFIX, TLSContexts, check_security, missing_tls
 from pathways_nb._core._versions import Versions, local_versions
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
     "as_bytes",
     "axis_type_names",
     "check_fits",
+    "check_security",
     "compiler_options",
     "decode_dtype",
     "decode_mesh",

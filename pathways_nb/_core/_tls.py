@@ -34,12 +34,7 @@ class TLSContexts:
         """The contexts of a Dask ``Security`` for ``role`` ("scheduler", "worker" or
         "client"); ``listen`` when the process also listens (the controller, a host).
         ValueError when the security holds no certificate for that role."""
-        if not callable(getattr(security, "get_connection_args", None)):
-            raise TypeError(
-                "security is a distributed.Security (e.g. Security(tls_ca_file=..., "
-                "tls_client_cert=..., tls_client_key=...) or Security.temporary()); "
-                f"got {type(security).__name__}"
-            )
+        check_security(security)
         client = security.get_connection_args(role).get("ssl_context")
         server = security.get_listen_args(role).get("ssl_context") if listen else None
         if client is None or (listen and server is None):
@@ -69,6 +64,16 @@ class TLSContexts:
 
 
 NO_TLS = TLSContexts()
+
+
+def check_security(security: object) -> None:
+    """TypeError unless ``security`` is a ``distributed.Security`` (or acts as one)."""
+    if not callable(getattr(security, "get_connection_args", None)):
+        raise TypeError(
+            "security is a distributed.Security (e.g. Security(tls_ca_file=..., "
+            "tls_client_cert=..., tls_client_key=...) or Security.temporary()); "
+            f"got {type(security).__name__}"
+        )
 
 
 def missing_tls(address: str, peer: str = "the cluster") -> str:

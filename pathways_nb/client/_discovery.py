@@ -9,7 +9,14 @@ import socket
 import threading
 from typing import Any
 
-from pathways_nb._core import NO_TLS, TLS_PREFIX, BrokenError, TLSContexts, missing_tls
+from pathways_nb._core import (
+    NO_TLS,
+    TLS_PREFIX,
+    BrokenError,
+    TLSContexts,
+    check_security,
+    missing_tls,
+)
 
 # Seconds Dask's connect is given before a probe says whether anything listens there.
 _PROBE_SECONDS = 2.0
@@ -20,15 +27,11 @@ def security_for(address: str, security: Any = None) -> Any:
     the clear: ``security`` when given (a cluster object's own, or the caller's), else
     for a ``tls://`` address Dask's configured default (``distributed.comm.tls.*``).
     ValueError for a ``tls://`` address with no client certificate to show."""
-    if security is not None and not callable(getattr(security, "get_connection_args", None)):
-        raise TypeError(
-            "security is a distributed.Security (e.g. Security(tls_ca_file=..., "
-            "tls_client_cert=..., tls_client_key=...)); "
-            f"got {type(security).__name__}"
-        )
-    if security is None:
-        if not address.startswith(TLS_PREFIX):
-            return None
+    if security is not None:
+        check_security(security)
+    elif not address.startswith(TLS_PREFIX):
+        return None
+    else:
         from distributed.security import Security
 
         security = Security()
