@@ -44,7 +44,7 @@ import zmq
 from pathways_nb.wire._addresses import dial, format_tcp, listen, parse_tcp
 from pathways_nb.wire._held import HELD, interrupts_deferred
 from pathways_nb.wire._newcomers import GREET_SECONDS, Newcomers, Spare
-from pathways_nb.wire._recvpool import POOL
+from pathways_nb.wire._recvpool import ALIGN, aligned_frames
 
 if TYPE_CHECKING:
     import ssl
@@ -68,9 +68,8 @@ _CHUNK = 1 << 18
 _BODY_TURN = 16 << 20
 _IOV_MAX = 512
 _UNIX_SNDBUF = 4 << 20
-# Frame alignment of received messages that carry arrays (see aligned_frames), and the
-# size from which a message is worth it: below, its frames are copied out as one block.
-ALIGN = 64
+# The size from which a received message's frames are aligned (see aligned_frames):
+# below, its frames are copied out as one block.
 _ALIGN_FROM = 1 << 16
 
 
@@ -80,27 +79,6 @@ def _split(body: memoryview, lens: list[int]) -> list[memoryview]:
         frames.append(body[at : at + length])
         at += length
     return frames
-
-
-def aligned_frames(lens: Sequence[int]) -> list[memoryview]:
-    """Empty frames of ``lens`` bytes in one fresh buffer, each starting on a multiple
-    of ``ALIGN`` bytes.
-
-    XLA's CPU client places a host array on a device without copying it when the array
-    starts on such a boundary (and copies it otherwise): a received array kept in its
-    own aligned frame becomes a device buffer at no cost. The buffer is taken again (see
-    ``_recvpool``) only once every array over it is gone, so those arrays never change
-    under a device. A NumPy buffer, not a bytearray: it is not zeroed first, and large
-    ones are backed by huge pages (measured 2.5x the bandwidth of a bytearray).
-    """
-    offsets, end = [], 0
-    for length in lens:
-        offsets.append(end)
-        end += -(-length // ALIGN) * ALIGN
-    raw = POOL.take(end + ALIGN)
-    base = -raw.ctypes.data % ALIGN
-    whole = memoryview(raw.data)
-    return [whole[base + at : base + at + n] for at, n in zip(offsets, lens, strict=True)]
 
 
 class _Conn:

@@ -9,7 +9,7 @@ out sits inside it where epoll cannot see it, so a loop that waits on the descri
 sleep on a message that already arrived. Here every receive feeds all its ciphertext to
 the TLS layer and decrypts everything that completes, at once: nothing hides from epoll.
 A large message is decrypted straight into its aligned frames (see
-``_stream.aligned_frames``): arrays land where a device can use them, as over a plain
+``_recvpool.aligned_frames``): arrays land where a device can use them, as over a plain
 link, without one more copy out of a parse buffer.
 
 Sends queue plaintext, as the plain connection does, and encrypt it in bounded batches

@@ -175,16 +175,15 @@ def test_a_receive_buffer_is_taken_again_only_once_its_arrays_are_gone(
     message of its size lands in it, up to the pool's bound."""
     import gc
 
-    from pathways_nb.wire import _stream
-    from pathways_nb.wire._recvpool import ReceivePool
+    from pathways_nb.wire import _recvpool
 
-    pool = ReceivePool(max_bytes=1 << 20)
-    monkeypatch.setattr(_stream, "POOL", pool)
+    pool = _recvpool.ReceivePool(max_bytes=1 << 20)
+    monkeypatch.setattr(_recvpool, "POOL", pool)
     mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
     x = np.arange(16 * 1024, dtype=np.float32).reshape(16, 1024)
 
     def received() -> tuple[np.ndarray, int]:
-        (frame,) = _stream.aligned_frames([x.nbytes])
+        (frame,) = _recvpool.aligned_frames([x.nbytes])
         frame[:] = x.tobytes()
         arr = np.frombuffer(frame, np.float32).reshape(x.shape)
         return arr, arr.ctypes.data
@@ -206,8 +205,8 @@ def test_a_receive_buffer_is_taken_again_only_once_its_arrays_are_gone(
     _, fourth = received()
     assert fourth in (first, third) and pool.reused == 2
     # A buffer past the bound is not kept; a bound of 0 keeps none.
-    assert ReceivePool(max_bytes=0).take(64).base is None
-    small = ReceivePool(max_bytes=100)
+    assert _recvpool.ReceivePool(max_bytes=0).take(64).base is None
+    small = _recvpool.ReceivePool(max_bytes=100)
     big = small.take(200)
     del big
     gc.collect()
