@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zmq
 from _interrupts import SigintAfter, interrupts_held
+from _streams import departures, gather
 
 from pathways_nb._core import BrokenError
 from pathways_nb.wire import (
@@ -33,31 +34,18 @@ def router() -> Iterator[StreamRouter]:
     r.close()
 
 
-def gather(endpoint: Any, n: int, timeout: float = 10.0) -> list[list[bytes]]:
-    """Service ``endpoint`` until ``n`` messages arrived (as bytes frames)."""
-    poller = Poller()
-    poller.register(endpoint, zmq.POLLIN)
-    out: list[list[bytes]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        assert time.monotonic() < deadline, f"got {len(out)} of {n} messages"
-        poller.poll(100)
-        out.extend([bytes(f) for f in m] for m in receive(endpoint))
-    return out
-
-
 def test_messages_are_routed_by_peer_and_keep_their_frames(router: StreamRouter) -> None:
     a = StreamDealer(router.address)
     b = StreamDealer(router.address)
     a.send_multipart([b"from a", b"", b"\x00" * 3])
     b.send_multipart([b"from b"])
-    got = gather(router, 2)
+    got = gather(router, n=2)
     by_text = {m[1]: m for m in got}
     assert by_text[b"from a"][2:] == [b"", b"\x00\x00\x00"]
     router.send_multipart([by_text[b"from b"][0], b"to b", b"second"])
     router.send_multipart([by_text[b"from a"][0], b"to a"])
-    assert gather(b, 1) == [[b"to b", b"second"]]
-    assert gather(a, 1) == [[b"to a"]]
+    assert gather(b, n=1) == [[b"to b", b"second"]]
+    assert gather(a, n=1) == [[b"to a"]]
     a.close()
     b.close()
     a.close()  # twice is fine
@@ -127,7 +115,7 @@ def test_large_messages_arrive_whole_and_in_order_with_small_ones(router: Stream
 
     sender = threading.Thread(target=send)
     sender.start()
-    got = gather(router, 3)
+    got = gather(router, n=3)
     sender.join()
     assert [m[1] for m in got] == [b"before", b"big", b"after"]
     np.testing.assert_array_equal(np.frombuffer(got[1][2], np.uint8), big)
@@ -175,7 +163,7 @@ def test_sends_never_block_the_sender_and_go_once_the_peer_reads(router: StreamR
     payload = bytes(range(256)) * 4096  # 1 MiB, within the router's limit
     ident = None
     d.send_multipart([b"hello"])
-    for m in gather(router, 1):
+    for m in gather(router, n=1):
         ident = m[0]
     assert ident is not None
     t = time.monotonic()
@@ -200,7 +188,7 @@ def test_sends_never_block_the_sender_and_go_once_the_peer_reads(router: StreamR
 def test_junk_closes_only_that_connection(router: StreamRouter) -> None:
     good = StreamDealer(router.address)
     good.send_multipart([b"hi"])
-    ident = gather(router, 1)[0][0]
+    ident = gather(router, n=1)[0][0]
     raw = dial(router.address, 10)
     raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
     raw.settimeout(10)
@@ -219,7 +207,7 @@ def test_junk_closes_only_that_connection(router: StreamRouter) -> None:
             pass
     raw.close()
     router.send_multipart([ident, b"still here"])
-    assert gather(good, 1) == [[b"still here"]]
+    assert gather(good, n=1) == [[b"still here"]]
     good.close()
 
 
@@ -228,7 +216,7 @@ def test_a_departed_peer_is_unreachable_and_oversized_messages_drop_the_sender(
 ) -> None:
     d = StreamDealer(router.address, blocking=True)
     d.send_multipart([b"hi"])
-    ident = gather(router, 1)[0][0]
+    ident = gather(router, n=1)[0][0]
     # Past twice the router's 1 MiB limit; sent from a thread, as it blocks until read.
     sender = threading.Thread(target=d.send_multipart, args=([b"x" * (3 << 20)],))
     sender.start()
@@ -251,22 +239,13 @@ def test_a_router_names_each_peer_that_left_once(router: StreamRouter) -> None:
     stays, leaves = StreamDealer(router.address), StreamDealer(router.address)
     stays.send_multipart([b"stays"])
     leaves.send_multipart([b"leaves"])
-    idents = {m[1]: m[0] for m in gather(router, 2)}
+    idents = {m[1]: m[0] for m in gather(router, n=2)}
     assert departed(router) == []
     leaves.close()
-    poller = Poller()
-    poller.register(router, zmq.POLLIN)
-    gone: list[bytes] = []
-    deadline = time.monotonic() + 10
-    while not gone:
-        assert time.monotonic() < deadline, "the closed connection was never noticed"
-        poller.poll(100)
-        assert list(receive(router)) == []
-        gone = departed(router)
-    assert gone == [idents[b"leaves"]]
+    assert departures(router) == [idents[b"leaves"]]
     assert departed(router) == []  # reported once
     router.send_multipart([idents[b"stays"], b"still here"])
-    assert gather(stays, 1) == [[b"still here"]]
+    assert gather(stays, n=1) == [[b"still here"]]
     stays.close()
     # A ZeroMQ ROUTER cannot tell who left: it reports no one.
     ctx = zmq.Context()
@@ -287,7 +266,7 @@ def test_a_dealer_may_be_sent_on_from_other_threads_in_order(router: StreamRoute
     threads = [threading.Thread(target=burst, args=(t,)) for t in (b"a", b"b")]
     for t in threads:
         t.start()
-    got = gather(router, 2 * n)
+    got = gather(router, n=2 * n)
     for t in threads:
         t.join()
     for tag in (b"a", b"b"):
@@ -319,7 +298,7 @@ def test_loopback_endpoints_are_unix_sockets_and_others_tcp() -> None:
         for r in (local, anywhere):
             d = StreamDealer(r.address.replace("0.0.0.0", "127.0.0.1"))
             d.send_multipart([b"ping"])
-            assert [m[1:] for m in gather(r, 1)] == [[b"ping"]]
+            assert [m[1:] for m in gather(r, n=1)] == [[b"ping"]]
             d.close()
     finally:
         local.close()
@@ -337,7 +316,7 @@ def test_tcp_addresses_parse_and_format_both_ways() -> None:
 def test_a_router_may_be_sent_on_from_other_threads_in_order(router: StreamRouter) -> None:
     d = StreamDealer(router.address)
     d.send_multipart([b"hi"])
-    ident = gather(router, 1)[0][0]
+    ident = gather(router, n=1)[0][0]
     n = 2000
 
     def burst(tag: bytes) -> None:
@@ -388,7 +367,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_send_or_a_receive_took(
 ) -> None:
     d = StreamDealer(router.address)
     d.send_multipart([b"hello"])
-    (first,) = gather(router, 1)
+    (first,) = gather(router, n=1)
     peer = first[0]
     conn = d._conn
     assert conn is not None
@@ -398,9 +377,9 @@ def test_ctrl_c_waits_for_the_count_of_what_a_send_or_a_receive_took(
     with pytest.raises(KeyboardInterrupt):
         d.send_multipart([b"one", b"x" * 100_000])
     conn.sock = real
-    assert not conn.wants_write or gather(router, 0) == []
+    assert not conn.wants_write or gather(router, n=0) == []
     d.send_multipart([b"two"])
-    got = gather(router, 2)
+    got = gather(router, n=2)
     assert [m[1] for m in got] == [b"one", b"two"] and len(got[0][2]) == 100_000
     # A receive: the bytes taken are counted before the interrupt, so the next message
     # still parses.

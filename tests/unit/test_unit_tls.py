@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import zmq
 from _interrupts import SigintAfter, interrupts_held
+from _streams import departures, gather
 
 pytest.importorskip("cryptography")
 from distributed.security import Security
@@ -98,24 +99,6 @@ def made_while_serving(router: StreamRouter, make: Callable[[], T], timeout: flo
 
 def dealer(router: StreamRouter, ctx: ssl.SSLContext, **kwargs: Any) -> StreamDealer:
     return made_while_serving(router, lambda: StreamDealer(router.address, tls=ctx, **kwargs))
-
-
-def gather(*endpoints: Any, n: int, timeout: float = 10.0) -> list[list[bytes]]:
-    """Service all ``endpoints`` until ``n`` messages arrived on the first (as bytes
-    frames); the others are serviced so that what they queued goes out."""
-    poller = Poller()
-    for e in endpoints:
-        poller.register(e, zmq.POLLIN)
-    out: list[list[bytes]] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        assert time.monotonic() < deadline, f"got {len(out)} of {n} messages"
-        poller.poll(100)
-        out.extend([bytes(f) for f in m] for m in receive(endpoints[0]))
-        for other in endpoints[1:]:
-            assert list(receive(other)) == []
-    poller.close()
-    return out
 
 
 def wait_until_gone(d: StreamDealer, router: StreamRouter, timeout: float = 10.0) -> None:
@@ -417,23 +400,13 @@ def test_a_router_names_a_tls_peer_that_left(router: StreamRouter, tls: Contexts
     leaves.send_multipart([b"leaves"])
     idents = {m[1]: m[0] for m in gather(router, n=2)}
     leaves.close()
-    poller = Poller()
-    poller.register(router, zmq.POLLIN)
-    gone: list[bytes] = []
-    deadline = time.monotonic() + 10
-    while not gone:
-        assert time.monotonic() < deadline, "the closed connection was never noticed"
-        poller.poll(100)
-        assert list(receive(router)) == []
-        gone = departed(router)
-    assert gone == [idents[b"leaves"]]
+    assert departures(router) == [idents[b"leaves"]]
     with pytest.raises(zmq.ZMQError) as unreachable:
         router.send_multipart([idents[b"leaves"], b"anyone?"])
     assert unreachable.value.errno == errno.EHOSTUNREACH
     router.send_multipart([idents[b"stays"], b"still here"])
     assert gather(stays, n=1) == [[b"still here"]]
     stays.close()
-    poller.close()
 
 
 def test_an_oversized_message_drops_its_sender(tls: Contexts) -> None:
