@@ -94,7 +94,7 @@ class DirectChannels:
                 address,
                 blocking=True,
                 peer="a host",
-                tls=self._tls.for_address(address, "a host"),
+                tls=self._tls,
             )
             self._all.append(sock)
         try:

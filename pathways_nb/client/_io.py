@@ -81,7 +81,7 @@ class IOThread:
             ctx,
             controller_address,
             peer="the controller",
-            tls=tls.for_address(controller_address, "the controller"),
+            tls=tls,
         )
         self._outbox = Outbox()
         # Held while messages to the controller leave, by the IO thread (a whole drain)
@@ -346,9 +346,7 @@ class IOThread:
     def _host_socket(self, address: str) -> DealerSocket:
         sock = self._hosts.get(address)
         if sock is None:
-            sock = connect_dealer(
-                self._ctx, address, peer="a host", tls=self._tls.for_address(address, "a host")
-            )
+            sock = connect_dealer(self._ctx, address, peer="a host", tls=self._tls)
             self._hosts[address] = sock
             self._host_of_socket[sock] = address
             self._poller.register(sock, zmq.POLLIN)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from pathways_nb._core import BrokenError
+from pathways_nb._core import BrokenError, TLSContexts
 from pathways_nb.wire._stream import StreamDealer, StreamRouter, _Endpoint
 
 RouterSocket = zmq.Socket[Any] | StreamRouter
@@ -130,13 +130,16 @@ def connect_dealer(
     *,
     blocking: bool = False,
     peer: str = "the peer",
-    tls: ssl.SSLContext | None = None,
+    tls: ssl.SSLContext | TLSContexts | None = None,
 ) -> DealerSocket:
     """Connect to a :func:`bind_router` end (as a DEALER); see
     :class:`~pathways_nb.wire._stream.StreamDealer` for ``blocking``. ``peer`` names the
     other side in the error raised when it cannot be reached, a failed TLS handshake
     included. A ``tls://`` address needs ``tls``, a client-side ``ssl.SSLContext`` such
-    as ``Security.get_connection_args("client")["ssl_context"]``."""
+    as ``Security.get_connection_args("client")["ssl_context"]``, or a process's
+    :class:`~pathways_nb._core.TLSContexts`, which picks the context for the address."""
+    if isinstance(tls, TLSContexts):
+        tls = tls.for_address(address, peer)
     if not dealer_sends_from_any_thread(address):
         _refuse_tls(address, tls)
         return connect(ctx, zmq.DEALER, address, max_bytes)

@@ -202,7 +202,7 @@ class Host:
             self._controller_address,
             self.config.max_control_message,
             peer="the controller",
-            tls=self._tls.for_address(self._controller_address, "the controller"),
+            tls=self._tls,
         )
         self._direct_ctl = sends_from_any_thread(self._ctl)
         self._direct_data = sends_from_any_thread(self._data)

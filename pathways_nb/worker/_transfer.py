@@ -294,7 +294,7 @@ class Sender:
             address,
             blocking=True,
             peer="a host",
-            tls=self._tls.for_address(address, "a host"),
+            tls=self._tls,
         )
         if isinstance(s, zmq.Socket):
             # In one process a send to a host already closed would wait forever
