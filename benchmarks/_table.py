@@ -274,11 +274,20 @@ def _fetch(r: dict[str, Any]) -> list[Row]:
         "save_background_big": "pw.save(wait=False): until the notebook goes on (ms; JAX: np.save)",
         "restore_big": "pw.restore it, read by its host (ms; JAX: device_put of np.load)",
     }
+    return _turn_rows(r, what, ("JAX", "plain_jax_s"), "pathways_s")
+
+
+def _turn_rows(
+    r: dict[str, Any], what: dict[str, str], baseline: tuple[str, str], ours: str
+) -> list[Row]:
+    """A row per timed pair in ``what`` (key → label) that ``r`` holds, in ms:
+    ``baseline`` is its name in the table and its key in the pair, ``ours`` our key."""
+    name, theirs = baseline
     return [
         (
             label,
-            f"JAX {1e3 * r[k]['plain_jax_s']['median']:.2f}",
-            f"{1e3 * r[k]['pathways_s']['median']:.2f}",
+            f"{name} {1e3 * r[k][theirs]['median']:.2f}",
+            f"{1e3 * r[k][ours]['median']:.2f}",
             f"{r[k]['ratio']:.2f}x",
             "",
         )
@@ -316,17 +325,7 @@ def _tls(r: dict[str, Any]) -> list[Row]:
         "fetch_big": f"fetch the {mib} MiB with TLS (ms; without TLS)",
         "transfer_big": f"move the {mib} MiB host to host with TLS (ms; without TLS)",
     }
-    return [
-        (
-            label,
-            f"plain {1e3 * r[k]['plain_s']['median']:.2f}",
-            f"{1e3 * r[k]['tls_s']['median']:.2f}",
-            f"{r[k]['ratio']:.2f}x",
-            "",
-        )
-        for k, label in what.items()
-        if k in r
-    ]
+    return _turn_rows(r, what, ("plain", "plain_s"), "tls_s")
 
 
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
