@@ -5,6 +5,8 @@
 >>> %pathways status
 >>> %%pathways --slice train
 ... step(state, batch)
+>>> %%pathways --profile /tmp/profiles/step --trace step.json.gz
+... step(state, batch)
 
 Each subcommand has a Python equivalent in :mod:`pathways_nb.viz` or on the client; this
 module uses only the public API.
@@ -13,6 +15,7 @@ module uses only the public API.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 from typing import Any
 
@@ -35,6 +38,10 @@ _USAGE = """\
 %pathways trace FILE                          write the event log as a Perfetto/Chrome trace
 %pathways stop                                close the client (and the cluster it started)
 %%pathways --slice NAME                       run the cell with that slice as the default
+%%pathways --profile DIR [--trace FILE]       run the cell under XLA's profiler on the hosts
+                                              (traces in DIR/HOST on the hosts' filesystem;
+                                              --trace: schedule + XLA events in one file);
+                                              the cell's value is the pw.Profile
 """
 
 
@@ -133,6 +140,16 @@ class PathwaysMagics(Magics):
     @argument("--last", default=None, help="timeline: a window such as 5s or 250ms")
     @argument("--static", action="store_true", help="timeline/status: draw once, no refresh")
     @argument("--slice", default=None, help="cell magic: the default slice while the cell runs")
+    @argument(
+        "--profile",
+        default=None,
+        help="cell magic: profile the cell on the hosts, writing under this absolute folder",
+    )
+    @argument(
+        "--trace",
+        default=None,
+        help="cell magic with --profile: write the schedule and the hosts' XLA events here",
+    )
     @argument(
         "--observe",
         action="store_true",
@@ -236,18 +253,48 @@ class PathwaysMagics(Magics):
             args = parse_argstring(self.pathways, line)
         except Exception as exc:
             raise UsageError(str(exc)) from None
-        if not args.slice:
-            raise UsageError("the cell magic takes --slice NAME, e.g. %%pathways --slice train")
-        client = self.session.require()
-        names = [s.name for s in client.slices]
-        vs = next((s for s in client.slices if s.name == args.slice), None)
-        if vs is None:
+        if args.trace and not args.profile:
+            raise UsageError("--trace FILE goes with --profile DIR")
+        if not args.slice and not args.profile:
             raise UsageError(
-                f"no slice named {args.slice!r}; this client has {names}. Name slices with "
-                "client.allocate({...}, name=...)"
+                "the cell magic takes --slice NAME and/or --profile DIR, e.g. "
+                "%%pathways --slice train"
             )
-        with vs:
-            return self._shell().run_cell(cell).result
+        client = self.session.require()
+        with contextlib.ExitStack() as stack:
+            if args.slice:
+                names = [s.name for s in client.slices]
+                vs = next((s for s in client.slices if s.name == args.slice), None)
+                if vs is None:
+                    raise UsageError(
+                        f"no slice named {args.slice!r}; this client has {names}. Name "
+                        "slices with client.allocate({...}, name=...)"
+                    )
+                stack.enter_context(vs)
+            if not args.profile:
+                return self._shell().run_cell(cell).result
+            return self._profiled(client, args.profile, args.trace, cell, stack)
+
+    def _profiled(
+        self, client: pw.Client, folder: str, trace: str | None, cell: str, stack: Any
+    ) -> pw.Profile:
+        try:
+            prof = client.profile(folder)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        with stack:  # the profile stops (and the slice is left) before the report
+            stack.enter_context(prof)
+            self._shell().run_cell(cell)
+        places = ", ".join(f"{t.host}: {t.folder}" for t in prof.hosts)
+        print(f"profiled {len(prof.hosts)} host(s) on the hosts' filesystem: {places}")
+        if trace:
+            since = prof.started or 0.0
+            try:
+                path = pw.viz.write_trace(client.events(since=since), trace, profile=prof)
+            except OSError as exc:
+                raise UsageError(f"cannot write the trace to {trace!r}: {exc}") from None
+            print(f"wrote {path}: open it at https://ui.perfetto.dev or chrome://tracing")
+        return prof
 
 
 def load_ipython_extension(ip: Any) -> None:

@@ -29,6 +29,7 @@ import pathways_nb as pw
 from pathways_nb.deploy._cli import main as cli
 from pathways_nb.deploy._demo import init_params, make_data, train_step
 from pathways_nb.wire._stream import StreamDealer, dial
+from pathways_nb.worker._profiles import folder_name
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +176,41 @@ def test_a_checkpoint_is_written_and_read_by_the_host_processes(
         np.testing.assert_array_equal(
             jax.random.key_data(back["key"].fetch()), jax.random.key_data(jax.random.key(1))
         )
+
+
+def test_each_host_process_profiles_itself_and_the_traces_share_one_time_axis(
+    local: pw.LocalCluster, tmp_path: Path
+) -> None:
+    with pw.Client(local) as client:
+        a = client.allocate({"x": 4})
+        b = client.allocate({"x": 4})
+        assert a.host != b.host
+        x = a.put(np.ones((256, 256), np.float32), P("x"))
+        enc = pw.jit(lambda v: jnp.tanh(v @ v.T), slice=a, name="encode")
+        dec = pw.jit(lambda v: v.sum(), slice=b, name="decode")
+        float(dec(enc(x)))
+        with client.profile(tmp_path) as prof:
+            out = [dec(enc(x)) for _ in range(3)]
+        assert all(o.is_ready() for o in out)
+        assert sorted(t.host for t in prof.hosts) == sorted([a.host, b.host])
+        for t in prof.hosts:
+            assert t.folder == str(tmp_path / folder_name(t.host)) and t.why == "stopped"
+            assert any(p.endswith(".xplane.pb") and os.path.getsize(p) for p in t.files)
+            assert t.events
+        doc = pw.viz.trace_events(client.events(since=prof.started), profile=prof)
+        for t in prof.hosts:
+            # Each host's XLA work lies within its own session, which lies within the
+            # client's profile: the clocks of the processes agree.
+            pids = {
+                e["pid"]
+                for e in doc["traceEvents"]
+                if e.get("name") == "process_name" and f"host {t.host} XLA" in e["args"]["name"]
+            }
+            xla = [e for e in doc["traceEvents"] if e["pid"] in pids and e.get("ph") == "X"]
+            assert xla
+            assert all(t.started * 1e6 - 1e3 <= e["ts"] <= t.ended * 1e6 + 1e3 for e in xla)
+        runs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] < 1000]
+        assert {"encode", "decode"} <= {e["name"] for e in runs}
 
 
 def test_dask_arrays_are_computed_in_their_hosts_worker_process(local: pw.LocalCluster) -> None:
@@ -464,6 +500,7 @@ _DOOMED_CLIENT = textwrap.dedent(
     f = pw.jit(lambda v: (v @ v.T) * 1e-3)
     x = f(x)
     x.block_until_ready()
+    client.profile(sys.argv[2]).start()  # the host stops it when this process dies
     print("running", flush=True)
     while True:
         for _ in range(16):
@@ -504,12 +541,15 @@ def test_a_burst_of_chained_launches_and_puts_after_deletions_fit_a_store_quota(
             small.delete()
 
 
-def test_a_killed_client_process_frees_its_slices_at_once(local: pw.LocalCluster) -> None:
+def test_a_killed_client_process_frees_its_slices_at_once(
+    local: pw.LocalCluster, tmp_path: Path
+) -> None:
     """A client whose process dies (SIGKILL: no goodbye) loses its slices as soon as its
     connection closes, not when its lease lapses (30 s); another tenant's work goes on
-    and can take the freed devices."""
+    and can take the freed devices, and profile their host, which stopped the dead
+    client's profile."""
     doomed = subprocess.Popen(
-        [sys.executable, "-c", _DOOMED_CLIENT, local.scheduler_address],
+        [sys.executable, "-c", _DOOMED_CLIENT, local.scheduler_address, str(tmp_path / "d")],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -536,6 +576,17 @@ def test_a_killed_client_process_frees_its_slices_at_once(local: pw.LocalCluster
             assert taken.island == island
             np.testing.assert_array_equal(np.asarray(y), np.arange(4) + 20.0)
             np.testing.assert_array_equal((taken.put(np.ones(4), P("x")) * 3).fetch(), 3.0)
+            while True:  # once the host has seen the dead client's connection close
+                try:
+                    prof = client.profile(tmp_path / "s", slices=taken).start()
+                    break
+                except pw.RemoteError as exc:
+                    assert exc.kind == "busy" and time.monotonic() < deadline, exc
+                    time.sleep(0.05)
+            prof.stop()
+            assert [t.host for t in prof.hosts] == [taken.host]
+            # The host ended the dead client's profile, and XLA wrote its trace.
+            assert list((tmp_path / "d" / folder_name(taken.host)).rglob("*.xplane.pb"))
             events = client.events(all_tenants=True)
             leave = events[events.kind == "tenant_leave"]
             assert "its connection closed" in set(leave.detail)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,35 @@ def test_trace_writes_perfetto_json(ip: Any, tmp_path: Path) -> None:
     with capture_output() as out:
         ip.run_line_magic("pathways", f"trace {tmp_path / 'missing' / 'step.json'}")
     assert "cannot write the trace to" in out.stdout and "No such file" in out.stdout
+
+
+def test_cell_magic_profiles_the_cell_on_the_hosts(ip: Any, tmp_path: Path) -> None:
+    ip.run_cell("prof_slice = pw.Client.current().allocate({'x': 2}, name='prof')")
+    trace = tmp_path / "step.json.gz"
+    with capture_output() as out:
+        prof = ip.run_cell_magic(
+            "pathways",
+            f"--slice prof --profile {tmp_path / 'p'} --trace {trace}",
+            "pz = pw.jit(lambda: jnp.arange(4.0) * 2, name='doubled')()\n",
+        )
+    assert isinstance(prof, pw.Profile) and prof.hosts
+    assert np.allclose(np.asarray(ip.user_ns["pz"]), [0.0, 2.0, 4.0, 6.0])
+    assert ip.user_ns["pz"].slice.name == "prof"
+    assert "profiled 1 host(s)" in out.stdout and str(tmp_path / "p") in out.stdout
+    assert "wrote" in out.stdout
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name") == "doubled" and e["ph"] == "X" for e in events)
+    assert any(e["pid"] >= 1000 and e.get("ph") == "X" for e in events)  # XLA's own
+    for line, said in [
+        ("--profile relative", "absolute folder"),
+        (f"--trace {trace}", "--trace FILE goes with --profile DIR"),
+        ("", "--slice NAME and/or --profile DIR"),
+    ]:
+        with capture_output() as out:
+            ip.run_cell_magic("pathways", line, "1")
+        assert said in out.stdout, (line, out.stdout)
+    ip.run_cell("pw.Client.current().release(prof_slice)")
 
 
 def test_commands_before_a_cluster_say_how_to_start_one() -> None:

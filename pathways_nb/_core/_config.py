@@ -101,9 +101,10 @@ class Config:
     # machine that reports freed memory to its host, the host's faults as well. 0 keeps
     # none.
     receive_pool_bytes: int = 1 << 30
-    # The folder under which hosts write and read checkpoints (pw.save, pw.restore);
-    # empty: anywhere the host's own user may. Files are the hosts' user's, whichever
-    # tenant asked: a cluster several people share confines them here.
+    # The folder under which hosts write and read checkpoints (pw.save, pw.restore) and
+    # write profiles (client.profile); empty: anywhere the host's own user may. Files are
+    # the hosts' user's, whichever tenant asked: a cluster several people share confines
+    # them here.
     checkpoint_root: str = ""
 
     def __post_init__(self) -> None:

@@ -6,12 +6,20 @@ from pathways_nb.client._futures import Future
 from pathways_nb.client._graph import DataflowGraph, GraphArray
 from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._pipeline import Pipeline, pipeline
+from pathways_nb.client._profile import HostTrace, Profile
 from pathways_nb.client._remote import RemoteArray
-from pathways_nb.client._session import Client, block_until_ready, fetch, graph
+from pathways_nb.client._session import Client, graph
 from pathways_nb.client._shards import RemoteShard
 from pathways_nb.client._slice import VirtualDevice, VirtualSlice
 from pathways_nb.client._status import EventRows, Status
-from pathways_nb.client._waiting import AsCompleted, DoneAndNotDone, as_completed, wait
+from pathways_nb.client._waiting import (
+    AsCompleted,
+    DoneAndNotDone,
+    as_completed,
+    block_until_ready,
+    fetch,
+    wait,
+)
 
 __all__ = [
     "AsCompleted",
@@ -21,7 +29,9 @@ __all__ = [
     "EventRows",
     "Future",
     "GraphArray",
+    "HostTrace",
     "Pipeline",
+    "Profile",
     "RemoteArray",
     "RemoteFunction",
     "RemoteShard",

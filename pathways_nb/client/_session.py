@@ -14,7 +14,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
-import jax
 import zmq
 
 from pathways_nb._core import (
@@ -43,9 +42,9 @@ from pathways_nb.client._discovery import (
 )
 from pathways_nb.client._graph import DataflowGraph, Recording, trace_graph
 from pathways_nb.client._io import IOThread
-from pathways_nb.client._jit import RemoteFunction, _is_remote
+from pathways_nb.client._jit import RemoteFunction
 from pathways_nb.client._prefetch import Prefetcher
-from pathways_nb.client._remote import RemoteArray
+from pathways_nb.client._profile import Profile
 from pathways_nb.client._slice import VirtualSlice, axis_types_for
 from pathways_nb.client._status import EventRows, Status, epoch_seconds, events_frame
 
@@ -178,6 +177,7 @@ class Client(ArrayIO):
         versions = local_versions()
         self._direct = DirectChannels(self._ctx, tls)
         self._prefetcher = Prefetcher(self._fetch_one)
+        self._profiles: set[Profile] = set()  # running ones, stopped at close
         try:
             h, _ = self._io.request(
                 {
@@ -241,6 +241,8 @@ class Client(ArrayIO):
         """Say goodbye (the controller frees this client's slices) and stop. Idempotent."""
         if self._closed:
             return
+        for prof in list(self._profiles):
+            prof._abandon()  # the hosts stop tracing; their files stay
         self._closed = True
         _OPEN.discard(self)
         self._prefetcher.stop()
@@ -490,6 +492,24 @@ class Client(ArrayIO):
         self._check_open()
         return Recording(self, name)
 
+    def profile(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        slices: Any = None,
+        python: bool = False,
+        limit: float = 600.0,
+    ) -> Profile:
+        """XLA's profiler (``jax.profiler``) on the hosts of this client's slices, each
+        writing its trace under ``path`` on the hosts' filesystem (see :class:`Profile`).
+
+        >>> with client.profile("/tmp/profiles/step") as prof:
+        ...     state = step(state, batch)
+        >>> prof.hosts        # each host's folder and files; tensorboard --logdir works
+        """
+        self._check_open()
+        return Profile(self, path, slices=slices, python=python, limit=limit)
+
     def cancel(self) -> int:
         """Cancel this client's launches that have not started, wherever they wait.
 
@@ -578,21 +598,3 @@ def graph(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> DataflowGraph:
     """The dataflow graph of ``fn(*args, **kwargs)`` on the current client; see
     :meth:`Client.graph`."""
     return Client.current().graph(fn, *args, **kwargs)
-
-
-def fetch(tree: Any) -> Any:
-    """``pw.fetch({"y": y})``: the values of every RemoteArray in a pytree."""
-    leaves = [x for x in jax.tree.leaves(tree, is_leaf=_is_remote) if isinstance(x, RemoteArray)]
-    if not leaves:
-        return tree
-    return leaves[0]._client.fetch(tree)
-
-
-def block_until_ready(tree: Any) -> Any:
-    """``pw.block_until_ready(state)``: wait until every RemoteArray in a pytree is
-    computed, with one request per host; returns ``tree`` (see
-    :meth:`Client.block_until_ready`)."""
-    leaves = [x for x in jax.tree.leaves(tree, is_leaf=_is_remote) if isinstance(x, RemoteArray)]
-    if not leaves:
-        return tree
-    return leaves[0]._client.block_until_ready(tree)

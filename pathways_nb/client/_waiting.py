@@ -23,10 +23,12 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import jax
+
 from pathways_nb._core import BrokenError, ClosedError
+from pathways_nb.client._remote import RemoteArray
 
 if TYPE_CHECKING:
-    from pathways_nb.client._remote import RemoteArray
     from pathways_nb.client._session import Client
 
 FIRST_COMPLETED = concurrent.futures.FIRST_COMPLETED
@@ -298,3 +300,22 @@ def _raise_client_failure(futures: Iterable[concurrent.futures.Future[Any]]) -> 
 def _cancel(clients: Iterable[Client]) -> None:
     for client in {id(c): c for c in clients}.values():
         client.cancel()
+
+
+def fetch(tree: Any) -> Any:
+    """``pw.fetch({"y": y})``: the values of every RemoteArray in a pytree."""
+    leaves = _remote_leaves(tree)
+    return leaves[0]._client.fetch(tree) if leaves else tree
+
+
+def block_until_ready(tree: Any) -> Any:
+    """``pw.block_until_ready(state)``: wait until every RemoteArray in a pytree is
+    computed, with one request per host; returns ``tree`` (see
+    :meth:`Client.block_until_ready`)."""
+    leaves = _remote_leaves(tree)
+    return leaves[0]._client.block_until_ready(tree) if leaves else tree
+
+
+def _remote_leaves(tree: Any) -> list[RemoteArray]:
+    leaves = jax.tree.leaves(tree, is_leaf=lambda x: type(x) is RemoteArray)
+    return [x for x in leaves if type(x) is RemoteArray]

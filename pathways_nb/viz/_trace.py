@@ -4,10 +4,15 @@ One process per host, one thread per slice on it. Programs and transfers are com
 events (``ph: X``); the time a launch waited in queues before it started is an async
 span (``b``/``e``) in a ``queued`` category; each transfer is also a flow (``s``/``f``)
 from its source host to its destination.
+
+Given a :class:`pathways_nb.Profile`, the hosts' own XLA traces join them on the same
+time axis: each host's XLA threads (device threads, intra-op pool, the dispatching
+thread) as processes of their own, beside the runtime's view of the same host.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import Any
@@ -17,10 +22,13 @@ import pandas as pd
 from pathways_nb.viz._timeline import intervals
 
 
-def trace_events(events: pd.DataFrame) -> dict[str, Any]:
-    """A ``{"traceEvents": [...]}`` document for the events (``client.events()``)."""
+def trace_events(events: pd.DataFrame, profile: Any = None) -> dict[str, Any]:
+    """A ``{"traceEvents": [...]}`` document for the events (``client.events()``), with
+    the hosts' XLA traces of ``profile`` (a stopped :class:`pathways_nb.Profile`)."""
     rows = intervals(events)
     out: list[dict[str, Any]] = []
+    if profile is not None:
+        out += _host_traces(profile, first_pid=1000)
     if len(rows) == 0:
         return {"traceEvents": out, "displayTimeUnit": "ms"}
     hosts = sorted(set(rows.host) | {s for s in rows.source if s})
@@ -85,12 +93,49 @@ def trace_events(events: pd.DataFrame) -> dict[str, Any]:
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def write_trace(events: pd.DataFrame, path: str | os.PathLike[str]) -> str:
-    """Write the trace to ``path`` (open it at ui.perfetto.dev or chrome://tracing)."""
-    doc = trace_events(events)
-    with open(path, "w") as f:
-        json.dump(doc, f)
+def write_trace(events: pd.DataFrame, path: str | os.PathLike[str], profile: Any = None) -> str:
+    """Write the trace to ``path`` (open it at ui.perfetto.dev or chrome://tracing),
+    gzipped when the name ends in ``.gz``; with a stopped :class:`pathways_nb.Profile`,
+    the hosts' XLA events too::
+
+        with client.profile("/tmp/prof") as prof:
+            state = step(state, batch)
+        pw.viz.write_trace(client.events(since=prof.started), "step.json.gz", profile=prof)
+    """
+    doc = trace_events(events, profile)
+    text = json.dumps(doc).encode()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(text, 6) if os.fspath(path).endswith(".gz") else text)
     return os.fspath(path)
+
+
+def _host_traces(profile: Any, first_pid: int) -> list[dict[str, Any]]:
+    """Each host's XLA trace, moved onto the epoch's time axis (its own counts from the
+    start of its session) and given process ids and names of its own."""
+    hosts = getattr(profile, "hosts", None)
+    if hosts is None:
+        raise TypeError(f"profile is a pathways_nb Profile; got {type(profile).__name__}")
+    if not hosts:
+        raise ValueError(
+            f"{profile!r} holds no host traces yet: stop it first (or leave its with block)"
+        )
+    out: list[dict[str, Any]] = []
+    pids: dict[tuple[str, Any], int] = {}
+    for trace in hosts:
+        shift = _us(trace.started)
+        for ev in trace.events:
+            if "ph" not in ev:
+                continue  # the empty object XLA ends its list with
+            key = (trace.host, ev.get("pid"))
+            pid = pids.setdefault(key, first_pid + len(pids))
+            moved = dict(ev, pid=pid)
+            if ev["ph"] == "M" and ev.get("name") == "process_name":
+                name = (ev.get("args") or {}).get("name", "")
+                moved["args"] = {"name": f"host {trace.host} XLA {name}".rstrip()}
+            elif "ts" in ev:
+                moved["ts"] = round(float(ev["ts"]) + shift, 3)
+            out.append(moved)
+    return out
 
 
 def _us(seconds: float) -> float:

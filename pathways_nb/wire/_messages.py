@@ -132,6 +132,8 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "devices": _LIST,
         "mesh": _LIST,
     },
+    # ... to start or stop XLA's profiler in the host's process (see worker/_profiles)
+    "profile": {"rid": _INT, "op": _STR},
     # ... of several arrays on one host, answered at once (at most 512 handles)
     "fetch_many": {"rid": _INT, "handles": _LIST},
     "wait_many": {"rid": _INT, "handles": _LIST},

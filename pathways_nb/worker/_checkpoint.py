@@ -81,7 +81,7 @@ class Checkpoints:
                 return
             sname = entry.origin[1]
             try:
-                target = self._confined(path)
+                target = self.confined(path)
                 _, arr = host_payload(entry.value)  # the copy: later launches may donate
             except Exception as exc:
                 answer(to_remote(exc, "invalid", program="save", slice=sname, host=self.host))
@@ -147,7 +147,7 @@ class Checkpoints:
         def read_and_store() -> None:
             try:
                 dtype = decode_dtype(h["dtype"])
-                arr = read(self._confined(h["path"]), tuple(int(n) for n in h["shape"]), dtype)
+                arr = read(self.confined(h["path"]), tuple(int(n) for n in h["shape"]), dtype)
                 if self._store_put(identity, h, arr):
                     self._to_client(identity, {"t": "reply", "rid": h["rid"]}, ())
             except Exception as exc:
@@ -155,7 +155,7 @@ class Checkpoints:
 
         self._pool.submit(read_and_store)
 
-    def _confined(self, path: str) -> str:
+    def confined(self, path: str) -> str:
         """``path``, if this host may write and read it: anywhere without a checkpoint
         root, under it (symbolic links resolved) with one; PermissionError otherwise."""
         if not os.path.isabs(path):

@@ -25,8 +25,9 @@ from pathways_nb._core._keys import SECRET_BYTES
 
 HOST = 0  # the peer is another host (tenant ids start at 1)
 
-# Requests a client sends a host, each with the field naming the arrays it is about.
-_CLIENT_REQUESTS = {
+# Requests a client sends a host, each with the field naming the arrays it is about
+# (None: the request is about no array).
+CLIENT_REQUESTS: dict[str, str | None] = {
     "put": "handle",
     "expect": "handle",
     "put_failed": "handle",
@@ -37,6 +38,7 @@ _CLIENT_REQUESTS = {
     "save": "handle",
     "saved": "handle",
     "load": "handle",
+    "profile": None,
 }
 
 
@@ -118,16 +120,22 @@ class Peers:
         peer = self._by_identity.get(identity)
         if peer is None:
             return "say hello before anything else"
-        field = _CLIENT_REQUESTS.get(kind)
-        if field is None:  # a transfer's piece
+        if kind not in CLIENT_REQUESTS:  # a transfer's piece
             return None if peer == HOST else f"only hosts send {kind!r} messages"
         if peer == HOST:
             return f"a host sends only transfers here; got {kind!r}"
+        field = CLIENT_REQUESTS[kind]
+        if field is None:
+            return None
         named = h.get(field)
         # Malformed lists are the request's own checks to explain.
         ids = [x for x in named if type(x) is int] if type(named) is list else [named]
         bad = foreign(ids, peer)
         return None if bad is None else f"{kind}: " + describe_foreign("array", bad, peer)
+
+    def tenant(self, identity: bytes) -> int:
+        """The tenant connection ``identity`` proved to be (:data:`HOST` for a host)."""
+        return self._by_identity.get(identity, HOST)
 
     def forget(self, identity: bytes) -> None:
         self._by_identity.pop(identity, None)

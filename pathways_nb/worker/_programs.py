@@ -7,6 +7,7 @@ import collections
 import dataclasses
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -174,7 +175,9 @@ class Programs:
                 if all(s is not None for s in out_sh)
                 else {}
             )
-            fn = jax.jit(exp.call, in_shardings=in_sh, donate_argnums=donate, **kw)
+            fn = jax.jit(
+                _named(exp.call, prog.name), in_shardings=in_sh, donate_argnums=donate, **kw
+            )
             avals = [
                 jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
                 for a, s in zip(exp.in_avals, in_sh, strict=True)
@@ -241,3 +244,15 @@ def run_key(h: dict[str, Any]) -> tuple[Any, ...]:
     """What picks an executable for a ``run`` message: its program, devices, mesh and
     donated arguments."""
     return (h["pid"], tuple(h["devices"]), tuple(map(tuple, h["mesh"])), tuple(h["donate"]))
+
+
+def _named(call: Any, name: str) -> Any:
+    """``call`` under the program's name, which XLA then gives the executable: a
+    profile's device events read ``Execute (jit_encode)``, not every program's
+    ``jit_call``."""
+
+    def program(*args: Any) -> Any:
+        return call(*args)
+
+    program.__name__ = program.__qualname__ = re.sub(r"\W", "_", name) or "program"
+    return program

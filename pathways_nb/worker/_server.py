@@ -59,8 +59,9 @@ from pathways_nb.worker._checkpoint import Checkpoints
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._hostcopy import from_host
-from pathways_nb.worker._peers import Peers
+from pathways_nb.worker._peers import CLIENT_REQUESTS, Peers
 from pathways_nb.worker._priority import lower_native_threads
+from pathways_nb.worker._profiles import Profiles
 from pathways_nb.worker._puts import WaitingPuts
 from pathways_nb.worker._store import ObjectStore, StoreStatistics
 from pathways_nb.worker._threads import as_host
@@ -85,22 +86,8 @@ _CONTROLLER_TYPES = frozenset(
     }
 )
 _BATCHED_TYPES = frozenset({"run", "drop", "send", "recv", "noted"})
-_DATA_TYPES = frozenset(
-    {
-        "hello",
-        "put",
-        "expect",
-        "put_failed",
-        "fetch",
-        "wait",
-        "fetch_many",
-        "wait_many",
-        "xfer",
-        "save",
-        "saved",
-        "load",
-    }
-)
+# On the data plane: a peer's hello, a client's requests, another host's transfers.
+_DATA_TYPES = frozenset({"hello", "xfer", *CLIENT_REQUESTS})
 _TO_CONTROLLER = b"c"
 _HEARTBEAT = 1.0  # seconds between heartbeats to the controller
 # Seconds a put that did not fit waits for the controller's note of it (see _puts).
@@ -171,6 +158,7 @@ class Host:
             self._put_failed,
             self.config.checkpoint_root,
         )
+        self._profiles = Profiles(name, self._pool, self._to_client, self._checkpoints.confined)
         self._versions = local_versions()
         self._peers = Peers(name, self._versions)
         self._thread: threading.Thread | None = None
@@ -321,6 +309,7 @@ class Host:
                 self._drain(self._data, self._on_data)
                 for identity in departed(self._data):
                     self._peers.forget(identity)
+                    self._profiles.departed(identity)
 
     def _drain(self, sock: AnySocket, handler: Any) -> None:
         for frames in receive(sock):
@@ -463,6 +452,8 @@ class Host:
             self._checkpoints.saved(identity, h)
         elif kind == "load":
             self._checkpoints.load(identity, h)
+        elif kind == "profile":
+            self._profiles.request(identity, self._peers.tenant(identity), h)
 
     def _arrived(self, h: dict[str, Any], value: Any, err: RemoteError | None, nbytes: int) -> None:
         """A transfer into this host finished: store it, tell the controller."""
