@@ -181,9 +181,9 @@ def test_a_checkpoint_is_written_and_read_by_the_host_processes(
 def test_each_host_process_profiles_itself_and_the_traces_share_one_time_axis(
     local: pw.LocalCluster, tmp_path: Path
 ) -> None:
-    with pw.Client(local) as client:
-        a = client.allocate({"x": 4})
-        b = client.allocate({"x": 4})
+    with pw.Client(local) as client, pw.Client(local, name="other") as other:
+        a = client.allocate({"x": 2})
+        b = client.allocate({"x": 2})
         assert a.host != b.host
         x = a.put(np.ones((256, 256), np.float32), P("x"))
         enc = pw.jit(lambda v: jnp.tanh(v @ v.T), slice=a, name="encode")
@@ -211,6 +211,18 @@ def test_each_host_process_profiles_itself_and_the_traces_share_one_time_axis(
             assert all(t.started * 1e6 - 1e3 <= e["ts"] <= t.ended * 1e6 + 1e3 for e in xla)
         runs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] < 1000]
         assert {"encode", "decode"} <= {e["name"] for e in runs}
+
+        # A client one of whose hosts is profiled for another is refused, and its
+        # other host, which had started, stops again.
+        theirs = {s.host: s for s in (other.allocate({"x": 2}), other.allocate({"x": 2}))}
+        assert set(theirs) == {a.host, b.host}
+        held = client.profile(tmp_path / "held", slices=a).start()
+        with pytest.raises(pw.RemoteError, match="profiled for another client"):
+            other.profile(tmp_path / "other").start()
+        with other.profile(tmp_path / "other", slices=theirs[b.host]) as mine:
+            pass
+        assert [t.host for t in mine.hosts] == [b.host]
+        held.stop()
 
 
 def test_dask_arrays_are_computed_in_their_hosts_worker_process(local: pw.LocalCluster) -> None:

@@ -132,13 +132,15 @@ class Profile:
             host: client._io.host_request(address, dict(header, limit=self.limit))
             for host, address in self._addresses.items()
         }
-        self._wait(list(asks.values()))
-        failed = [f.exception() for f in asks.values() if f.exception() is not None]
-        if failed:
-            started = [h for h, f in asks.items() if f.exception() is None]
-            self._stop_quietly(started)
+        try:
+            block(list(asks.values()), [client])
+            failed = [f.exception() for f in asks.values() if f.exception() is not None]
+            if failed:
+                raise failed[0]  # type: ignore[misc]
+        except BaseException:  # a host refused, or Ctrl-C: the others stop again
+            self._stop_quietly(list(asks))
             self._state = "failed"
-            raise failed[0]  # type: ignore[misc]
+            raise
         self.started = min(f.result()[0]["started"] for f in asks.values())
         self._state = "running"
         client._profiles.add(self)
@@ -162,7 +164,7 @@ class Profile:
                 host: client._io.host_request(address, {"t": "profile", "op": "stop"})
                 for host, address in self._addresses.items()
             }
-            self._wait(list(asks.values()))
+            block(list(asks.values()), [client])
             self._state = "stopped"
         for f in asks.values():
             exc = f.exception()
@@ -180,9 +182,6 @@ class Profile:
         """Every file the hosts wrote, as paths on the hosts' filesystem."""
         return [p for t in self.hosts for p in t.files]
 
-    def _wait(self, futures: list[concurrent.futures.Future[Any]]) -> None:
-        block(futures, [self._client])
-
     def _abandon(self) -> None:
         """The client closes: stop the hosts without waiting for launches (files stay)."""
         if self._state == "running":
@@ -191,8 +190,8 @@ class Profile:
             self._stop_quietly(list(self._addresses))
 
     def _stop_quietly(self, hosts: list[str]) -> None:
-        """Stop ``hosts``, their answers unread: another host would not start, or the
-        client closes."""
+        """Stop ``hosts``, their answers unread (a host that had not started says so):
+        another host would not start, or the client closes."""
         futures = [
             self._client._io.host_request(self._addresses[h], {"t": "profile", "op": "stop"})
             for h in hosts

@@ -112,7 +112,7 @@ class ProcessProfiler:
             self._deadline = self._started + limit
             self._hosts = {host: identity}
             self._early, self._early_tenant, self._early_hosts = None, 0, set()
-            self._timer = threading.Timer(limit, self._end_early, ("time limit",))
+            self._timer = threading.Timer(limit, self._end_early, ("time limit", self._started))
             self._timer.daemon = True
             self._timer.start()
             return folder, self._started
@@ -145,13 +145,13 @@ class ProcessProfiler:
                 self._end("client gone")  # nobody is left to ask for what it wrote
 
     def holder(self) -> int:
-        """The tenant whose session runs, or 0."""
-        with self._lock:
-            return self._tenant
+        """The tenant whose session runs, or 0. Read without the lock, which a stop holds
+        while XLA writes the trace: a host's socket thread asks, and must not wait."""
+        return self._tenant
 
-    def _end_early(self, why: str) -> None:
+    def _end_early(self, why: str, started: float) -> None:
         with self._lock:
-            if self._tenant:
+            if self._tenant and self._started == started:  # still the session timed
                 tenant, hosts = self._tenant, set(self._hosts)
                 self._early = self._end(why)
                 self._early_tenant, self._early_hosts = tenant, hosts
