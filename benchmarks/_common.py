@@ -40,6 +40,34 @@ def summary(samples: list[float]) -> dict[str, float]:
     }
 
 
+def alternating(
+    first: Callable[[], Any],
+    second: Callable[[], Any],
+    repeats: int,
+    inner: int = 1,
+    after: Callable[[], Any] = lambda: None,
+) -> tuple[list[float], list[float], float]:
+    """Seconds per call of ``first()`` and ``second()`` in alternating turns of ``inner``
+    calls each (after one untimed call of each), and the median of the paired ratios,
+    second over first; ``after()``, untimed, follows each turn of ``first``."""
+    first()
+    after()
+    second()
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            first()
+        a.append((time.perf_counter() - t0) / inner)
+        after()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            second()
+        b.append((time.perf_counter() - t0) / inner)
+    return a, b, statistics.median(y / x for x, y in zip(a, b, strict=True))
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()

@@ -34,9 +34,7 @@ os.environ["XLA_FLAGS"] = xla_flags(4)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import shutil
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import machine, quick_main, summary
+from benchmarks._common import alternating, machine, quick_main, summary
 
 
 def _turns(
@@ -57,23 +55,8 @@ def _turns(
 ) -> dict[str, Any]:
     """Seconds of ``ours()`` and ``theirs()`` in alternating turns, and the median of
     the paired ratios (theirs over ours); ``after()``, untimed, follows each of ours."""
-    ours()
-    after()
-    theirs()
-    a, b = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ours()
-        a.append(time.perf_counter() - t0)
-        after()
-        t0 = time.perf_counter()
-        theirs()
-        b.append(time.perf_counter() - t0)
-    return {
-        "pathways_s": summary(a),
-        "plain_jax_s": summary(b),
-        "ratio": statistics.median(y / x for x, y in zip(a, b, strict=True)),
-    }
+    a, b, ratio = alternating(ours, theirs, repeats, after=after)
+    return {"pathways_s": summary(a), "plain_jax_s": summary(b), "ratio": ratio}
 
 
 def run(quick: bool = False) -> dict[str, Any]:

@@ -24,8 +24,6 @@ from benchmarks._common import with_hosts_allocator, xla_flags
 os.environ["XLA_FLAGS"] = xla_flags(2)  # before JAX is imported
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +31,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import machine, quick_main, summary
+from benchmarks._common import alternating, machine, quick_main, summary
 
 
 class _Side:
@@ -68,21 +66,8 @@ def _turns(
 ) -> dict[str, Any]:
     """Seconds per call of ``tls()`` and ``plain()`` (``inner`` calls a turn) in
     alternating turns, and the median of the paired ratios (plain over TLS)."""
-    tls()
-    plain()
-    a: list[float] = []
-    b: list[float] = []
-    for _ in range(repeats):
-        for fn, out in ((tls, a), (plain, b)):
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            out.append((time.perf_counter() - t0) / inner)
-    return {
-        "tls_s": summary(a),
-        "plain_s": summary(b),
-        "ratio": statistics.median(y / x for x, y in zip(a, b, strict=True)),
-    }
+    a, b, ratio = alternating(tls, plain, repeats, inner)
+    return {"tls_s": summary(a), "plain_s": summary(b), "ratio": ratio}
 
 
 def run(quick: bool = False) -> dict[str, Any]:
