@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -475,6 +476,33 @@ def test_a_silent_host_is_declared_lost_after_its_timeout() -> None:
             x.fetch()
         np.testing.assert_array_equal((y + 1).fetch(), np.full(2, 2.0, np.float32))
         assert c.controller.statistics().live_hosts == 1
+
+
+def test_a_stall_of_the_whole_process_loses_no_host() -> None:
+    """Every thread of the process held off the interpreter for longer than a host's
+    timeout (a long native call holding the lock, or the machine paused): the controller
+    wakes to find no new message from any host, and does not count its own absence as
+    their silence."""
+    with (
+        pw.InProcessCluster(2, 2, config=Config(host_timeout_seconds=2.0)) as c,
+        c.client() as client,
+    ):
+        vs = client.allocate({"x": 2})
+        x = vs.put(np.ones(2, np.float32), P("x"))
+        np.testing.assert_array_equal((x + 1).fetch(), 2.0)
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(30.0)
+        try:
+            end = time.monotonic() + 4.0  # this thread keeps the lock: nobody else runs
+            while time.monotonic() < end:
+                pass
+        finally:
+            sys.setswitchinterval(before)
+        time.sleep(1.0)  # the controller ticks twice, the hosts beat once
+        assert c.controller.statistics().live_hosts == 2
+        assert vs.state == "active"
+        np.testing.assert_array_equal((x + 2).fetch(), 3.0)
+        assert "host_lost" not in set(client.events(all_tenants=True).kind)
 
 
 def test_a_compile_for_a_host_whose_connection_is_gone_fails_instead_of_hanging() -> None:

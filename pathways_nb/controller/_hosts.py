@@ -20,6 +20,7 @@ from pathways_nb.controller._events import EventLog
 from pathways_nb.controller._records import Launch
 from pathways_nb.controller._resources import HostInfo, ResourceManager, SliceInfo
 from pathways_nb.controller._scheduler import GangScheduler
+from pathways_nb.controller._silence import Silences
 from pathways_nb.controller._tenants import Tenants
 from pathways_nb.wire import RouterSocket, check, decode, encode, peer_id
 from pathways_nb.wire._messages import error_header
@@ -49,7 +50,7 @@ class HostMessages:
     _host_programs: dict[str, set[str]]
     _host_ident: dict[str, bytes]
     _ident_host: dict[bytes, str]
-    _host_seen: dict[str, float]
+    _silences: Silences
     _host_versions: dict[str, Versions]
     _launches: dict[int, Launch]
     _transfers: dict[int, tuple[str, str, int]]
@@ -78,7 +79,7 @@ class HostMessages:
         h = msg.header
         host = self._ident_host.get(identity)
         if host is not None:
-            self._host_seen[host] = time.monotonic()
+            self._silences.heard(host, time.monotonic())
         if kind == "register":
             self._register_host(identity, h)
             return
@@ -141,7 +142,7 @@ class HostMessages:
         self.scheduler.add_island(info.island, info.process)
         self._host_ident[host] = identity
         self._ident_host[identity] = host
-        self._host_seen[host] = time.monotonic()
+        self._silences.heard(host, time.monotonic())
         self._host_versions[host] = versions
         self._host_programs[host] = set()
         self.events.add(
@@ -285,7 +286,7 @@ class HostMessages:
         if info is None or not info.alive:
             return
         lost = self.rm.lose_host(host)
-        self._host_seen.pop(host, None)
+        self._silences.forget(host)
         self._host_tenant_bytes.pop(host, None)
         ident = self._host_ident.pop(host, None)
         if ident is not None:

@@ -39,6 +39,7 @@ from pathways_nb.controller._records import Launch, Program
 from pathways_nb.controller._requests import ClientRequests
 from pathways_nb.controller._resources import ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics
+from pathways_nb.controller._silence import Silences
 from pathways_nb.controller._tenants import Tenant, Tenants
 from pathways_nb.wire import (
     AnySocket,
@@ -136,7 +137,7 @@ class Controller(ClientRequests, HostMessages):
         self._program_users: dict[str, set[int]] = {}
         self._host_ident: dict[str, bytes] = {}
         self._ident_host: dict[bytes, str] = {}
-        self._host_seen: dict[str, float] = {}  # host -> monotonic time of its last message
+        self._silences = Silences()  # when each host last said something
         self._host_versions: dict[str, Versions] = {}
         self._launches: dict[int, Launch] = {}
         # Transfers in flight: lid -> (source host, destination host, destination handle).
@@ -228,11 +229,16 @@ class Controller(ClientRequests, HostMessages):
         poller.register(self._outbox.socket, zmq.POLLIN)
         departed(self._clients)  # from now on the router counts the clients that leave
         self._started.set()
-        next_tick = time.monotonic() + 0.5
+        turned = time.monotonic()
+        next_tick = turned + 0.5
         while not self._stopping.is_set():
             wake = next_tick if self._done_due is None else min(next_tick, self._done_due)
             timeout = max(0.0, wake - time.monotonic())
             ready = dict(poller.poll(math.ceil(timeout * 1000)))
+            now = time.monotonic()
+            # Time this thread was kept from turning is not the hosts' silence.
+            self._silences.away(now - turned - timeout)
+            turned = now
             if self._hosts in ready:
                 self._drain(self._hosts, self._on_host_frames)
             if self._clients in ready:
@@ -278,12 +284,9 @@ class Controller(ClientRequests, HostMessages):
         for t in self.tenants.expired(self.config.lease_seconds):
             log.warning("tenant %s (%s) lease lapsed; freeing its slices", t.tenant, t.name)
             self._drop_tenant(t, "lease lapsed")
-        now = time.monotonic()
-        for host, seen in list(self._host_seen.items()):
-            if now - seen > self.config.host_timeout_seconds:
-                self._lose_host(
-                    host, f"no word from it for {self.config.host_timeout_seconds:.0f} s"
-                )
+        timeout = self.config.host_timeout_seconds
+        for host in self._silences.silent(time.monotonic(), timeout):
+            self._lose_host(host, f"no word from it for {timeout:.0f} s")
 
     # sending ------------------------------------------------------------------------
     def _send_client(
