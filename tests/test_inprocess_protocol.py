@@ -480,11 +480,11 @@ def test_a_silent_host_is_declared_lost_after_its_timeout() -> None:
 
 def test_a_stall_of_the_whole_process_loses_no_host() -> None:
     """Every thread of the process held off the interpreter for longer than a host's
-    timeout (a long native call holding the lock, or the machine paused): the controller
-    wakes to find no new message from any host, and does not count its own absence as
-    their silence."""
+    timeout and a client's lease (a long native call holding the lock, or the machine
+    paused): the controller wakes to find no new message from anyone, and does not count
+    its own absence as their silence."""
     with (
-        pw.InProcessCluster(2, 2, config=Config(host_timeout_seconds=2.0)) as c,
+        pw.InProcessCluster(2, 2, config=Config(host_timeout_seconds=2.0, lease_seconds=2.0)) as c,
         c.client() as client,
     ):
         vs = client.allocate({"x": 2})
@@ -502,7 +502,8 @@ def test_a_stall_of_the_whole_process_loses_no_host() -> None:
         assert c.controller.statistics().live_hosts == 2
         assert vs.state == "active"
         np.testing.assert_array_equal((x + 2).fetch(), 3.0)
-        assert "host_lost" not in set(client.events(all_tenants=True).kind)
+        kinds = set(client.events(all_tenants=True).kind)
+        assert "host_lost" not in kinds and "tenant_leave" not in kinds
 
 
 def test_a_compile_for_a_host_whose_connection_is_gone_fails_instead_of_hanging() -> None:

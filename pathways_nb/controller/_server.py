@@ -39,7 +39,7 @@ from pathways_nb.controller._records import Launch, Program
 from pathways_nb.controller._requests import ClientRequests
 from pathways_nb.controller._resources import ResourceManager
 from pathways_nb.controller._scheduler import GangScheduler, SchedulerStatistics
-from pathways_nb.controller._silence import Silences
+from pathways_nb.controller._silence import LATE, Silences
 from pathways_nb.controller._tenants import Tenant, Tenants
 from pathways_nb.wire import (
     AnySocket,
@@ -236,8 +236,10 @@ class Controller(ClientRequests, HostMessages):
             timeout = max(0.0, wake - time.monotonic())
             ready = dict(poller.poll(math.ceil(timeout * 1000)))
             now = time.monotonic()
-            # Time this thread was kept from turning is not the hosts' silence.
-            self._silences.away(now - turned - timeout)
+            late = now - turned - timeout  # this thread was kept from turning this long
+            if late > LATE:
+                self._silences.away(late)
+                self.tenants.away(late)
             turned = now
             if self._hosts in ready:
                 self._drain(self._hosts, self._on_host_frames)

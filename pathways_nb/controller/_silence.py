@@ -1,11 +1,12 @@
 """How long each host has been silent, counted only while the controller could listen.
 
-A host is lost after ``timeout`` seconds without a message. When the controller's own
-thread does not turn for a while (its process starved of the interpreter's lock by a
-long native call, or the whole machine paused, as a virtual machine can be), the hosts'
-messages wait unread, and on waking it would find every host "silent" for as long as it
-was itself away. The time the controller was kept from turning is therefore not
-counted against any host. A plain state machine, used by the controller's thread alone.
+A host is lost after ``timeout`` seconds without a message (a client's lease lapses the
+same way). When the controller's own thread does not turn for a while (its process
+starved of the interpreter's lock by a long native call, or the whole machine paused, as
+a virtual machine can be), messages wait unread, and on waking it would find every host
+and client "silent" for as long as it was itself away. The time the controller was kept
+from turning (past :data:`LATE`) is therefore counted against nobody. A plain state
+machine, used by the controller's thread alone.
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ class Silences:
     def forget(self, host: str) -> None:
         self._seen.pop(host, None)
 
-    def away(self, late: float) -> None:
-        """The controller turned ``late`` seconds later than its poll's timeout allowed:
-        past :data:`LATE`, that time is excused for every host."""
-        if late > LATE:
-            for host in self._seen:
-                self._seen[host] += late
+    def away(self, seconds: float) -> None:
+        """The controller could not listen for ``seconds``: not the hosts' silence."""
+        for host in self._seen:
+            self._seen[host] += seconds
 
     def silent(self, now: float, timeout: float) -> list[str]:
         """The hosts not heard from for more than ``timeout`` seconds."""

@@ -46,6 +46,11 @@ class Tenants:
             self.by_identity.pop(t.identity, None)
         return t
 
+    def away(self, seconds: float) -> None:
+        """The controller could not listen for ``seconds``: not the clients' silence."""
+        for t in self.by_id.values():
+            t.last_seen += seconds
+
     def expired(self, lease_seconds: float, now: float | None = None) -> list[Tenant]:
         now = time.monotonic() if now is None else now
         return [t for t in self.by_id.values() if now - t.last_seen > lease_seconds]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pathways_nb.controller._silence import LATE, Silences
+from pathways_nb.controller._silence import Silences
+from pathways_nb.controller._tenants import Tenants
 
 
 def test_a_host_is_silent_after_its_timeout_and_not_before() -> None:
@@ -29,8 +30,10 @@ def test_time_the_controller_was_away_is_not_a_hosts_silence() -> None:
     assert s.silent(171.0, 30.0) == ["a", "b"]
 
 
-def test_a_turn_a_little_late_excuses_nothing() -> None:
-    s = Silences()
-    s.heard("a", 100.0)
-    s.away(LATE * 0.9)  # a turn's own work, a busy moment
-    assert s.silent(130.5, 30.0) == ["a"]
+def test_time_the_controller_was_away_does_not_lapse_a_clients_lease() -> None:
+    tenants = Tenants()
+    t = tenants.add(b"id", "notebook")
+    seen = t.last_seen
+    tenants.away(40.0)
+    assert tenants.expired(30.0, now=seen + 41.0) == []
+    assert tenants.expired(30.0, now=seen + 71.0) == [t]
