@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "fetch": ([], ["--quick"]),
     "data": ([], ["--quick"]),
     "tls": ([], ["--quick"]),
+    "profile": ([], ["--quick"]),
 }
 
 

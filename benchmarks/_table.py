@@ -328,6 +328,21 @@ def _tls(r: dict[str, Any]) -> list[Row]:
     return _turn_rows(r, what, ("plain", "plain_s"), "tls_s")
 
 
+def _profile(r: dict[str, Any]) -> list[Row]:
+    rate = r["calls_per_s"]
+    return [
+        (
+            "chained calls with XLA's profiler on the host (calls/s; without it), "
+            f"{r['xla_events_per_call']:.0f} XLA events a call, a stop "
+            f"{1e3 * r['stop_s']['median']:.0f} ms",
+            f"unprofiled {rate['plain']['median']:.0f}",
+            f"{rate['profiled']['median']:.0f}",
+            f"{r['ratio']:.2f}x",
+            "",
+        )
+    ]
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -340,6 +355,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "fetch": _fetch,
     "data": _data,
     "tls": _tls,
+    "profile": _profile,
 }
 
 

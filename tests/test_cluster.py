@@ -753,6 +753,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
         "fetch",
         "data",
         "tls",
+        "profile",
     }
     assert set(summary["experiments"]) == names
     for name in names:
@@ -825,6 +826,10 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
     for k in ("round_trip", "put_big", "fetch_big", "transfer_big"):
         assert secured[k]["ratio"] > 0 and secured[k]["tls_s"]["n"] == 3
     assert "round trip of a tiny program on a cluster with TLS" in table
+    profiled = json.loads((tmp_path / "profile.json").read_text())
+    assert profiled["ratio"] > 0 and profiled["calls_per_s"]["profiled"]["n"] == 2
+    assert profiled["xla_events_per_call"] > 0 and profiled["stop_s"]["min"] > 0
+    assert "chained calls with XLA's profiler on the host" in table
 
 
 def test_the_ab_benchmark_compares_a_checkout_with_itself(tmp_path: Path) -> None:
