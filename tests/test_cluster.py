@@ -470,9 +470,14 @@ def test_killed_host_gives_data_loss_and_the_nanny_brings_it_back(tmp_path: Path
         st = client.status()
         victim = int(st.islands.set_index("host").loc[a.host, "process"].split(":")[-1])
         old_host = a.host
+        prof = client.profile(tmp_path / "prof").start()  # on both hosts
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(pw.DataLossError):
             (xa + 1).fetch()
+        # The lost host's profile is a failure; the other host's trace is kept.
+        with pytest.raises((pw.BrokenError, pw.DataLossError)):
+            prof.stop()
+        assert [t.host for t in prof.hosts] == [b.host] and prof.hosts[0].events
         # Lost, or already remapped: the nanny may restart the worker before the error
         # that the controller learns of with the worker's removal reaches the client.
         assert a.state == "lost" or (a.epoch == 1 and a.host != old_host)

@@ -131,6 +131,20 @@ def test_profiles_one_after_another_keep_their_own_files(
     assert not (runs[0] & runs[1]) and not (runs[1] & runs[2])
 
 
+def test_python_true_traces_the_hosts_python_too(
+    client: pw.Client, two: tuple[pw.VirtualSlice, pw.VirtualSlice], tmp_path: Path
+) -> None:
+    x = two[0].put(np.ones(4, np.float32))
+    names = {}
+    for python in (False, True):
+        with client.profile(tmp_path / str(python), python=python) as prof:
+            (x * 2).block_until_ready()
+        # XLA's Python tracer names each call "$file:line function" or "$module name".
+        names[python] = {e["name"] for t in prof.hosts for e in t.events if e.get("ph") == "X"}
+    assert not any(n.startswith("$") for n in names[False])
+    assert any(n.startswith("$") for n in names[True])
+
+
 def test_a_host_ends_a_profile_at_its_time_limit(
     client: pw.Client, two: tuple[pw.VirtualSlice, pw.VirtualSlice], tmp_path: Path
 ) -> None:

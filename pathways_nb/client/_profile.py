@@ -13,6 +13,7 @@ schedule and every host's XLA events on one time axis.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -21,6 +22,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from pathways_nb._core import BrokenError, ClosedError
 from pathways_nb.client._waiting import block
 
 if TYPE_CHECKING:
@@ -148,7 +150,8 @@ class Profile:
 
     def stop(self) -> Profile:
         """Wait for this client's launches, stop the profiler on every host, and collect
-        what each wrote (:attr:`hosts`). Raises the first host's failure."""
+        what each wrote (:attr:`hosts`). Raises the first host's failure, once what the
+        other hosts wrote is in :attr:`hosts`."""
         if self._state != "running":
             raise RuntimeError(f"this profile is {self._state}; only a running one stops")
         self._state = "stopping"
@@ -164,17 +167,22 @@ class Profile:
                 host: client._io.host_request(address, {"t": "profile", "op": "stop"})
                 for host, address in self._addresses.items()
             }
-            block(list(asks.values()), [client])
+            # A host that cannot be reached fails its own answer, raised below once the
+            # others' are in.
+            with contextlib.suppress(BrokenError, ClosedError):
+                block(list(asks.values()), [client])
             self._state = "stopped"
+        # What the hosts that answered wrote is kept even when another failed (lost
+        # with its host, say): the first failure is raised after.
+        self.hosts = [
+            _host_trace(host, *f.result())
+            for host, f in sorted(asks.items())
+            if f.exception() is None and not f.result()[0].get("shared")
+        ]
         for f in asks.values():
             exc = f.exception()
             if exc is not None:
                 raise exc
-        self.hosts = [
-            _host_trace(host, *f.result())
-            for host, f in sorted(asks.items())
-            if not f.result()[0].get("shared")
-        ]
         return self
 
     @property
