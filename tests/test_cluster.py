@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec as P
 import pathways_nb as pw
 from pathways_nb.deploy._cli import main as cli
 from pathways_nb.deploy._demo import init_params, make_data, train_step
-from pathways_nb.wire._stream import StreamDealer, dial
+from pathways_nb.wire._addresses import dial
+from pathways_nb.wire._stream import StreamDealer
 from pathways_nb.worker._profiles import folder_name
 
 pytestmark = pytest.mark.slow

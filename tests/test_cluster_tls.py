@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
 from pathways_nb.deploy._cli import main as cli
-from pathways_nb.wire._stream import parse_tcp
+from pathways_nb.wire._addresses import parse_tcp
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("cryptography")

@@ -41,23 +41,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
-from pathways_nb.wire._addresses import dial, format_tcp, listen, parse_tcp
+from pathways_nb.wire._addresses import dial, listen
 from pathways_nb.wire._held import HELD, interrupts_deferred
 from pathways_nb.wire._newcomers import GREET_SECONDS, Newcomers, Spare
-from pathways_nb.wire._recvpool import ALIGN, aligned_frames
+from pathways_nb.wire._recvpool import aligned_frames
 
 if TYPE_CHECKING:
     import ssl
 
-__all__ = [
-    "ALIGN",
-    "StreamDealer",
-    "StreamRouter",
-    "aligned_frames",
-    "dial",
-    "format_tcp",
-    "parse_tcp",
-]
+__all__ = ["StreamDealer", "StreamRouter"]
 
 _MAGIC = b"PW"
 _HEAD = struct.Struct("<2sH")

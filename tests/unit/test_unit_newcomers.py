@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pathways_nb.wire._stream import StreamDealer, StreamRouter, dial
+from pathways_nb.wire._addresses import dial
+from pathways_nb.wire._stream import StreamDealer, StreamRouter
 
 
 def _closed_by_peer(raw: socket.socket) -> bool:

@@ -24,7 +24,8 @@ from pathways_nb.wire import (
     peer_id,
     receive,
 )
-from pathways_nb.wire._stream import StreamDealer, StreamRouter, dial, format_tcp, parse_tcp
+from pathways_nb.wire._addresses import dial, format_tcp, parse_tcp
+from pathways_nb.wire._stream import StreamDealer, StreamRouter
 
 
 @pytest.fixture

@@ -135,7 +135,7 @@ def test_arrays_received_in_aligned_frames_become_device_buffers_without_a_copy(
     that starts on a 64-byte boundary as the device buffer itself (and copies one that
     does not), for a sharded and a replicated layout; a program that donates such a
     buffer leaves the received bytes as they were."""
-    from pathways_nb.wire._stream import aligned_frames
+    from pathways_nb.wire._recvpool import aligned_frames
 
     mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
     x = np.arange(16 * 1024, dtype=np.float32).reshape(16, 1024)
