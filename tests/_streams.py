@@ -28,6 +28,26 @@ def gather(*endpoints: Any, n: int, timeout: float = 10.0) -> list[list[bytes]]:
     return out
 
 
+def gather_interrupted(
+    dealer: Any, *others: Any, n: int, timeout: float = 10.0
+) -> tuple[list[list[bytes]], int]:
+    """Receive on ``dealer``, whose socket raises KeyboardInterrupt now and then, until
+    ``n`` messages came or ``timeout`` passed, servicing ``others`` so that what they
+    queued goes out: the messages (as bytes frames) and the interrupts counted."""
+    out: list[list[bytes]] = []
+    deadline = time.monotonic() + timeout
+    interrupts = 0
+    while len(out) < n and time.monotonic() < deadline:
+        try:
+            for other in others:
+                list(receive(other))
+            dealer.poll(100)
+            out.extend([bytes(f) for f in m] for m in receive(dealer))
+        except KeyboardInterrupt:
+            interrupts += 1
+    return out, interrupts
+
+
 def departures(router: Any, timeout: float = 10.0) -> list[bytes]:
     """Service ``router``, which is to receive nothing meanwhile, until it names peers
     that left; their identities."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 from _interrupts import SigintAfter, interrupts_held
-from _streams import departures, gather
+from _streams import departures, gather, gather_interrupted
 
 from pathways_nb._core import BrokenError
 from pathways_nb.wire import (
@@ -388,15 +388,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_send_or_a_receive_took(
     conn.sock = SigintAfter(real, "recvmsg_into")  # type: ignore[assignment]
     router.send_multipart([peer, b"array", big.tobytes()])
     router.send_multipart([peer, b"after"])
-    out: list[list[bytes]] = []
-    deadline = time.monotonic() + 10
-    interrupts = 0
-    while len(out) < 2 and time.monotonic() < deadline:
-        try:
-            d.poll(100)
-            out.extend([bytes(f) for f in m] for m in receive(d))
-        except KeyboardInterrupt:
-            interrupts += 1
+    out, interrupts = gather_interrupted(d, n=2)
     assert interrupts >= 1
     assert [m[0] for m in out] == [b"array", b"after"]
     np.testing.assert_array_equal(np.frombuffer(out[0][1], np.float32), big)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zmq
 from _interrupts import SigintAfter, interrupts_held
-from _streams import departures, gather
+from _streams import departures, gather, gather_interrupted
 
 pytest.importorskip("cryptography")
 from distributed.security import Security
@@ -464,16 +464,7 @@ def test_ctrl_c_waits_for_the_count_of_what_a_tls_send_or_receive_took(
     conn.sock = SigintAfter(real, "recv")  # type: ignore[assignment]
     router.send_multipart([peer, b"array", big.tobytes()])
     router.send_multipart([peer, b"after"])
-    out: list[list[bytes]] = []
-    deadline = time.monotonic() + 10
-    interrupts = 0
-    while len(out) < 2 and time.monotonic() < deadline:
-        try:
-            list(receive(router))
-            d.poll(100)
-            out.extend([bytes(f) for f in m] for m in receive(d))
-        except KeyboardInterrupt:
-            interrupts += 1
+    out, interrupts = gather_interrupted(d, router, n=2)
     conn.sock = real
     assert interrupts >= 1
     assert [m[0] for m in out] == [b"array", b"after"]
