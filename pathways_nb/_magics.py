@@ -276,7 +276,12 @@ class PathwaysMagics(Magics):
             return self._profiled(client, args.profile, args.trace, cell, stack)
 
     def _profiled(
-        self, client: pw.Client, folder: str, trace: str | None, cell: str, stack: Any
+        self,
+        client: pw.Client,
+        folder: str,
+        trace: str | None,
+        cell: str,
+        stack: contextlib.ExitStack,
     ) -> pw.Profile:
         try:
             prof = client.profile(folder)

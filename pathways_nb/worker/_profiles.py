@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -186,7 +187,7 @@ class Profiles:
         host: str,
         pool: concurrent.futures.Executor,
         to_client: ToClient,
-        confine: Any,
+        confine: Callable[[str], str],
         profiler: ProcessProfiler = PROCESS,
     ) -> None:
         self.host = host
@@ -257,11 +258,8 @@ class Profiles:
         self._to_client(identity, header, [trace] if trace is not None else ())
 
     def _fail(self, identity: bytes, rid: Any, exc: BaseException) -> None:
-        if isinstance(exc, RemoteError):
-            err = exc
-            err.host = err.host or self.host
-        else:
-            err = to_remote(exc, "invalid", program="profile", slice="", host=self.host)
+        # A RemoteError (a busy profiler) passes through, its host filled in.
+        err = to_remote(exc, "invalid", program="profile", slice="", host=self.host)
         self._to_client(identity, {"t": "failed", "rid": rid, "error": err.to_dict()}, ())
 
 
