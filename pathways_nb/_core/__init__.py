@@ -4,7 +4,7 @@ machine's memory.
 This package imports nothing else from ``pathways_nb``.
 """
 
-from pathways_nb._core._config import Config, default_config
+from pathways_nb._core._config import PROFILE_MAX_SECONDS, Config, default_config
 from pathways_nb._core._dtypes import as_bytes, decode_dtype, encode_dtype
 from pathways_nb._core._errors import (
     CHECK_INFS,
@@ -59,6 +59,7 @@ __all__ = [
     "CHECK_INFS",
     "CHECK_NANS",
     "NO_TLS",
+    "PROFILE_MAX_SECONDS",
     "TLS_PREFIX",
     "BrokenError",
     "BusyError",

@@ -7,6 +7,10 @@ import math
 import os
 from collections.abc import Mapping
 
+# The longest a profile of the hosts (client.profile) may run: a trace of every op on
+# every device grows without end. Clients refuse a longer limit; hosts clamp to it.
+PROFILE_MAX_SECONDS = 3600.0
+
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)

@@ -22,14 +22,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from pathways_nb._core import BrokenError, ClosedError
+from pathways_nb._core import PROFILE_MAX_SECONDS, BrokenError, ClosedError
 from pathways_nb.client._waiting import block
 
 if TYPE_CHECKING:
     from pathways_nb.client._session import Client
-
-# The longest a profile may run; hosts end a longer one themselves.
-MAX_SECONDS = 3600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +90,12 @@ class Profile:
         if (
             isinstance(limit, bool)
             or not isinstance(limit, int | float)
-            or not 0 < limit <= MAX_SECONDS
+            or not 0 < limit <= PROFILE_MAX_SECONDS
             or math.isnan(limit)
         ):
             raise ValueError(
                 f"limit is the most seconds the profile may run, above 0 and at most "
-                f"{MAX_SECONDS:.0f}; got {limit!r}"
+                f"{PROFILE_MAX_SECONDS:.0f}; got {limit!r}"
             )
         self.path = os.fspath(path)
         self.python = python

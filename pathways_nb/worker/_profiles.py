@@ -23,12 +23,10 @@ from typing import Any
 
 import jax
 
-from pathways_nb._core import RemoteError
+from pathways_nb._core import PROFILE_MAX_SECONDS, RemoteError
 from pathways_nb.worker._answers import ToClient
 from pathways_nb.worker._errors import to_remote
 
-# The longest a session may run: a trace of every op on every device grows without end.
-MAX_SECONDS = 3600.0
 # The largest Perfetto trace a host sends its client with the answer to ``stop``; a
 # larger one stays in its folder only.
 MAX_TRACE_BYTES = 64 << 20
@@ -277,7 +275,7 @@ def _start_fields(h: dict[str, Any]) -> tuple[str, bool, float]:
         raise ValueError(f"a profile's python is True or False; got {python!r}")
     if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
         raise ValueError(f"a profile's limit is a number of seconds above 0; got {limit!r}")
-    return folder, python, min(float(limit), MAX_SECONDS)
+    return folder, python, min(float(limit), PROFILE_MAX_SECONDS)
 
 
 def _run_name(folder: str) -> str:
