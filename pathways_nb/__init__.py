@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Client": "pathways_nb.client",
+    "ColocatedFunction": "pathways_nb.client",
+    "colocated": "pathways_nb.client",
     "DataflowGraph": "pathways_nb.client",
     "GraphArray": "pathways_nb.client",
     "Pipeline": "pathways_nb.client",
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     )
     from pathways_nb.client import (
         Client,
+        ColocatedFunction,
         DataflowGraph,
         GraphArray,
         Pipeline,
@@ -87,6 +90,7 @@ if TYPE_CHECKING:
         VirtualSlice,
         as_completed,
         block_until_ready,
+        colocated,
         fetch,
         graph,
         jit,

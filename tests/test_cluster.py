@@ -179,6 +179,37 @@ def test_a_checkpoint_is_written_and_read_by_the_host_processes(
         )
 
 
+def test_colocated_functions_run_in_the_host_processes(
+    local: pw.LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pw.Client(local) as client:
+        a = client.allocate({"x": 4})
+        b = client.allocate({"x": 4})
+        x = np.arange(32, dtype=np.float32).reshape(8, 4)
+        xa = a.put(x, P("x"))
+        # Defined here, it travels by value; it runs in the host's process, not this one.
+        where = pw.colocated(
+            lambda v, k: (os.getpid(), np.asarray(v) * k),
+            out=lambda v, k: (jax.ShapeDtypeStruct((), np.int32), v),
+        )
+        pid_a, ya = where(xa, 2.0)
+        pid_b, yb = where(b.put(x, P("x")), 3.0)
+        hosts = {int(p.rsplit(":", 1)[1]) for p in client.status().islands.process}
+        assert {int(pid_a), int(pid_b)} == hosts and os.getpid() not in hosts
+        np.testing.assert_array_equal(ya.fetch(), x * 2.0)
+        np.testing.assert_array_equal(yb.fetch(), x * 3.0)
+        # A function from a module the hosts cannot import goes by reference, and says so.
+        (tmp_path / "only_here.py").write_text("def double(v):\n    return v * 2\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        import only_here  # type: ignore[import-not-found]
+
+        r = pw.colocated(only_here.double, out=lambda v: v)(xa)
+        with pytest.raises(pw.RemoteError, match="install that module on the hosts") as info:
+            r.fetch()
+        assert "only_here" in str(info.value) and info.value.host == a.host
+        np.testing.assert_array_equal(where(xa, 1.0)[1].fetch(), x)  # the host goes on
+
+
 def test_each_host_process_profiles_itself_and_the_traces_share_one_time_axis(
     local: pw.LocalCluster, tmp_path: Path
 ) -> None:

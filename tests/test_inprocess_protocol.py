@@ -177,8 +177,18 @@ def test_a_programs_compiler_options_and_axis_types_are_bound_to_its_id(
         sock.send_multipart([msgpack.packb(msg), blob])
         reply = msgpack.unpackb(sock.recv_multipart()[0])
         assert reply["t"] == "error" and why in reply["message"], reply
+    # And what the bytes are: an export, or a pickled function a host calls.
+    for kind, pid, why in (
+        ("python", program_id(blob, key), "the id is not the digest"),
+        ("shell", program_id(blob, key, kind="shell"), "kind must be one of ('xla', 'python')"),
+    ):
+        sock.send_multipart([msgpack.packb({**header, "pid": pid, "kind": kind}), blob])
+        reply = msgpack.unpackb(sock.recv_multipart()[0])
+        assert reply["t"] == "error" and why in reply["message"], reply
     assert program_id(blob, key, {"xla_fast": True}) != program_id(blob, key)
     assert program_id(blob, key, {}) == program_id(blob, key)
+    assert program_id(blob, key, kind="python") != program_id(blob, key)
+    assert program_id(blob, key, kind="xla") == program_id(blob, key)
     sock.close(0)
 
 

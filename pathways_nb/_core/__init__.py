@@ -4,6 +4,7 @@ machine's memory.
 This package imports nothing else from ``pathways_nb``.
 """
 
+from pathways_nb._core._colocated import PAYLOAD_VERSION, Payload, Slot, fill, is_slot
 from pathways_nb._core._config import PROFILE_MAX_SECONDS, Config, default_config
 from pathways_nb._core._dtypes import as_bytes, decode_dtype, encode_dtype
 from pathways_nb._core._errors import (
@@ -23,6 +24,7 @@ from pathways_nb._core._errors import (
 )
 from pathways_nb._core._ids import (
     AXIS_TYPES,
+    PROGRAM_KINDS,
     HandleAllocator,
     axis_type_names,
     compiler_options,
@@ -59,7 +61,9 @@ __all__ = [
     "CHECK_INFS",
     "CHECK_NANS",
     "NO_TLS",
+    "PAYLOAD_VERSION",
     "PROFILE_MAX_SECONDS",
+    "PROGRAM_KINDS",
     "TLS_PREFIX",
     "BrokenError",
     "BusyError",
@@ -71,9 +75,11 @@ __all__ = [
     "Memory",
     "NonFiniteError",
     "PathwaysError",
+    "Payload",
     "ProtocolError",
     "RemoteError",
     "ResourceExhaustedError",
+    "Slot",
     "TLSContexts",
     "VersionMismatchError",
     "Versions",
@@ -92,9 +98,11 @@ __all__ = [
     "encode_mesh",
     "encode_spec",
     "entry_axes",
+    "fill",
     "foreign",
     "handle_owner",
     "host_token",
+    "is_slot",
     "local_versions",
     "machine_memory",
     "missing_tls",

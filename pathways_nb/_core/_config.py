@@ -110,6 +110,11 @@ class Config:
     # the hosts' user's, whichever tenant asked: a cluster several people share confines
     # them here.
     checkpoint_root: str = ""
+    # Whether hosts run Python functions clients send them (pw.colocated), in their own
+    # process beside the devices. Off, such a function fails as a value on every call.
+    # Any client of the Dask scheduler can run code on its workers anyway (Dask's
+    # client.run); this turns off pathways_nb's own way.
+    colocated_python: bool = True
 
     def __post_init__(self) -> None:
         if self.host_executables < 1:
@@ -176,6 +181,7 @@ class Config:
             tenant_store_bytes=_env_int(env, "PATHWAYS_TENANT_STORE_BYTES", d.tenant_store_bytes),
             receive_pool_bytes=_env_int(env, "PATHWAYS_RECEIVE_POOL_BYTES", d.receive_pool_bytes),
             checkpoint_root=env.get("PATHWAYS_CHECKPOINT_ROOT", d.checkpoint_root),
+            colocated_python=_env_bool(env, "PATHWAYS_COLOCATED_PYTHON", d.colocated_python),
         )
 
 

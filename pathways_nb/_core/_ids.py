@@ -27,18 +27,26 @@ def program_id(
     key: bytes,
     options: Mapping[str, Any] | None = None,
     axis_types: Sequence[str] = (),
+    kind: str = "xla",
 ) -> str:
-    """A program's id: the digest of its ``jax.export`` bytes, ``key`` (what else tells
-    two programs of the same bytes apart), and the compiler options and mesh axis types
-    its hosts compile it with. The controller checks it against what a program message
-    carries, so an id names those alone: no client can send other bytes, options or
-    axis types under the id of a program another client runs."""
+    """A program's id: the digest of its bytes (a ``jax.export`` artifact, or for
+    ``kind="python"`` a pickled Python function, see ``pw.colocated``), ``key`` (what
+    else tells two programs of the same bytes apart), and the compiler options and mesh
+    axis types its hosts compile it with. The controller checks it against what a
+    program message carries, so an id names those alone: no client can send other
+    bytes, options, axis types or kind under the id of a program another client runs."""
+    if kind != "xla":
+        key += b"\0kind" + kind.encode()
     if options:
         key += b"\0options" + json.dumps(dict(options), sort_keys=True).encode()
     if axis_types:
         key += b"\0axis_types" + json.dumps(list(axis_types)).encode()
     return hashlib.sha256(blob + key).hexdigest()[:24]
 
+
+# What a program's bytes are: a jax.export artifact the host compiles, or a pickled
+# Python function it calls (pw.colocated).
+PROGRAM_KINDS = ("xla", "python")
 
 # The names of jax.sharding.AxisType's members, as programs carry them on the wire.
 AXIS_TYPES = ("Auto", "Explicit", "Manual")

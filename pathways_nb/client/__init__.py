@@ -1,6 +1,7 @@
 """The client: a notebook's session, virtual slices, remote arrays and ``pw.jit``."""
 
 from pathways_nb.client._checkpoint import Saving, restore, save
+from pathways_nb.client._colocated import ColocatedFunction, colocated
 from pathways_nb.client._export import TraceError
 from pathways_nb.client._futures import Future
 from pathways_nb.client._graph import DataflowGraph, GraphArray
@@ -24,6 +25,7 @@ from pathways_nb.client._waiting import (
 __all__ = [
     "AsCompleted",
     "Client",
+    "ColocatedFunction",
     "DataflowGraph",
     "DoneAndNotDone",
     "EventRows",
@@ -42,6 +44,7 @@ __all__ = [
     "VirtualSlice",
     "as_completed",
     "block_until_ready",
+    "colocated",
     "fetch",
     "graph",
     "jit",

@@ -57,6 +57,8 @@ class Program:
     # The mesh axes' types it was traced with, by name, where any is not Auto: hosts
     # compile it for a mesh of the same types.
     axis_types: list[str] = dataclasses.field(default_factory=list)
+    # "xla" for a jax.export artifact; "python" for a pickled function (pw.colocated).
+    kind: str = "xla"
 
     @property
     def single_output(self) -> bool:
@@ -212,7 +214,8 @@ def export_program(
 _CALLBACK = (
     "{name} uses a host callback (jax.debug.print, jax.pure_callback, io_callback, ...). "
     "Programs run on remote hosts as jax.export artifacts, which cannot carry callbacks: "
-    "remove the callback, or return the value and print it after fetching."
+    "remove the callback, or return the value and print it after fetching, or run the "
+    "Python part on the host between programs with pw.colocated(fn, out=...)."
 )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import numpy as np
@@ -27,6 +27,14 @@ from pathways_nb.wire import interrupts_deferred
 if TYPE_CHECKING:
     from pathways_nb._core import HandleAllocator
     from pathways_nb.client._session import Client
+
+
+class Pinnable(Protocol):
+    """A function a client runs on a slice: its name, and the slice it is pinned to."""
+
+    name: str
+    slice: VirtualSlice | None
+
 
 _MAX_OPS = 512
 # jax.Array attributes that are values, not methods.
@@ -103,25 +111,39 @@ class ProgramCalls:
             with interrupts_held():
                 prog = export_program(f, vs, treedef, avals, static, donate)
             if rec is not None and rec.tracing:
-                return self._trace_only(f, prog, vs, arrays, rec)  # not sent, not cached
+                return self._trace_only(f.name, prog, vs, arrays, rec)  # not sent, not cached
             self._register(prog, vs)
             f._programs[key] = prog
         elif prog.pid not in self._programs_sent:
             # Traced for another client (of this cluster or one before it): this one's
             # controller has not got it.
             self._register(prog, vs)
-        if rec is not None:
-            if rec.tracing:
-                return self._trace_only(f, prog, vs, arrays, rec)
-            out = self._launch(prog, vs, arrays)
-            leaves_out = jax.tree.leaves(out, is_leaf=lambda v: isinstance(v, RemoteArray))
-            rec.program(f.name, vs, arrays, leaves_out, leaves_out[0]._lid if leaves_out else 0)
-            return out
-        return self._launch(prog, vs, arrays)
+        if rec is None:
+            return self._launch(prog, vs, arrays)
+        return self._launch_recorded(f.name, prog, vs, arrays, rec)
+
+    def _launch_recorded(
+        self,
+        name: str,
+        prog: Program,
+        vs: VirtualSlice,
+        arrays: list[RemoteArray],
+        rec: _graph.Recorder | None,
+    ) -> Any:
+        """Launch ``prog``, noting it in the graph being recorded, if any (or, while a
+        graph is traced from shapes, only what it would return)."""
+        if rec is None:
+            return self._launch(prog, vs, arrays)
+        if rec.tracing:
+            return self._trace_only(name, prog, vs, arrays, rec)
+        out = self._launch(prog, vs, arrays)
+        leaves_out = jax.tree.leaves(out, is_leaf=lambda v: isinstance(v, RemoteArray))
+        rec.program(name, vs, arrays, leaves_out, leaves_out[0]._lid if leaves_out else 0)
+        return out
 
     def _trace_only(
         self,
-        f: RemoteFunction,
+        name: str,
         prog: Program,
         vs: VirtualSlice,
         arrays: list[RemoteArray],
@@ -138,10 +160,12 @@ class ProgramCalls:
             )
             for aval, spec in zip(prog.out_avals, prog.out_specs, strict=True)
         ]
-        rec.program(f.name, vs, arrays, outs)
+        rec.program(name, vs, arrays, outs)
         return prog.unflatten(outs)
 
-    def _choose_slice(self, f: RemoteFunction, leaves: list[Any]) -> VirtualSlice:
+    def _choose_slice(
+        self, f: Pinnable, leaves: list[Any], pin: str = "pw.jit(..., slice=...)"
+    ) -> VirtualSlice:
         if f.slice is None and leaves and type(leaves[0]) is RemoteArray:
             # The common case: every argument a RemoteArray on one active slice.
             vs = leaves[0].slice
@@ -157,7 +181,7 @@ class ProgramCalls:
             names = sorted(s.name for s in on.values())
             raise ValueError(
                 f"{f.name}: arguments live on different slices {names}; a program runs on one "
-                "slice. Pin the function with pw.jit(..., slice=...) to move them there."
+                f"slice. Pin the function with {pin} to move them there."
             )
         elif on:
             vs = next(iter(on.values()))
@@ -166,7 +190,7 @@ class ProgramCalls:
         else:
             raise ValueError(
                 f"{f.name}: no slice to run on. Pass RemoteArrays, pin it with "
-                "pw.jit(..., slice=vs), or set a default with `with vs:`."
+                f"{pin.replace('...', 'vs')}, or set a default with `with vs:`."
             )
         if vs.state == "lost" and any(type(x) is RemoteArray and x.slice is vs for x in leaves):
             vs.check_active()  # its inputs went with the host: no remap brings them back
@@ -271,6 +295,8 @@ class ProgramCalls:
                 header["options"] = prog.compiler_options
             if prog.axis_types:
                 header["axis_types"] = prog.axis_types
+            if prog.kind != "xla":
+                header["kind"] = prog.kind
             self._io.send(header, [prog.blob])
             self._programs_sent.add(prog.pid)
         if any(s is None for s in prog.out_specs):

@@ -8,7 +8,8 @@ from typing import Any
 
 @dataclasses.dataclass
 class Program:
-    """A program a client sent: its ``jax.export`` bytes, sent on to each host once."""
+    """A program a client sent: its ``jax.export`` bytes (or, of kind ``"python"``, a
+    pickled function the host runs itself), sent on to each host once."""
 
     name: str
     blob: bytes
@@ -19,6 +20,7 @@ class Program:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The mesh axis types it was traced with (AxisType names), where any is not Auto.
     axis_types: list[str] = dataclasses.field(default_factory=list)
+    kind: str = "xla"
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pathways_nb._core import (
+    PROGRAM_KINDS,
     CancelledError,
     ClosedError,
     Config,
@@ -128,16 +129,21 @@ class ClientRequests:
     def _c_program(self, t: Tenant, h: dict[str, Any], bufs: list[Any]) -> None:
         if len(bufs) != 1:
             raise ProtocolError("a program message carries exactly one frame: the jax.export bytes")
-        blob, key = bytes(bufs[0]), h.get("key")
+        blob, key, kind = bytes(bufs[0]), h.get("key"), h.get("kind", "xla")
+        if kind not in PROGRAM_KINDS:
+            raise ProtocolError(
+                f"program {h['pid']!r} ({h['name']}): kind must be one of {PROGRAM_KINDS}; "
+                f"got {kind!r}"
+            )
         try:
             options = compiler_options(h.get("options"))
             axis_types = axis_type_names(h.get("axis_types"))
         except TypeError as exc:
             raise ProtocolError(f"program {h['pid']!r} ({h['name']}): {exc}") from None
-        if type(key) is not bytes or program_id(blob, key, options, axis_types) != h["pid"]:
+        if type(key) is not bytes or program_id(blob, key, options, axis_types, kind) != h["pid"]:
             raise ProtocolError(
                 f"program {h['pid']!r} ({h['name']}): the id is not the digest of the bytes, "
-                "key, compiler options and axis types the message carries "
+                "key, compiler options, axis types and kind the message carries "
                 "(pathways_nb._core.program_id)"
             )
         if h["pid"] not in self._programs:
@@ -145,7 +151,7 @@ class ClientRequests:
             if not isinstance(specs, list) or len(specs) != h["nin"]:
                 specs = [[] for _ in range(h["nin"])]
             self._programs[h["pid"]] = Program(
-                h["name"], blob, h["nin"], h["nout"], specs, options, axis_types
+                h["name"], blob, h["nin"], h["nout"], specs, options, axis_types, kind
             )
         self._program_users.setdefault(h["pid"], set()).add(t.tenant)
 

@@ -454,6 +454,8 @@ class Controller(ClientRequests, HostMessages):
                 header["options"] = p.options
             if p.axis_types:
                 header["axis_types"] = p.axis_types
+            if p.kind != "xla":
+                header["kind"] = p.kind
             if self._send_host(host, header, [p.blob]):
                 have.add(pid)
 

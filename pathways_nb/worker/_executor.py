@@ -63,6 +63,7 @@ class Executor:
         put_wait: float = 60.0,
         window: int = 16,
         executables: int = 256,
+        colocated_python: bool = True,
     ) -> None:
         self.host = host
         self.store = store
@@ -70,7 +71,7 @@ class Executor:
         self.completions = Completions(host, store, send, window)
         self._reported_parked: set[int] = set()
         self._put_wait = put_wait
-        self.programs = Programs(host, devices, executables)
+        self.programs = Programs(host, devices, executables, colocated_python)
         self.memory = MemoryGuard(host, enabled=all(d.platform == "cpu" for d in devices))
         self.completions.on_released = self.memory.release
         self._faults = Faults(host)
@@ -576,8 +577,11 @@ class Executor:
                     raise to_remote(
                         exc, "compile", program=name, slice=sname, host=self.host
                     ) from None
-                need = program_bytes(fn, len(h["devices"]))
-                plan = self._plans[key] = (prog, fn, donate, need)
+                plan = (prog, fn, donate, program_bytes(fn, len(h["devices"])))
+                # A Python function runs here each time, never inline on the socket
+                # thread (see _python): it takes no plan the socket thread would find.
+                if prog.python is None:
+                    self._plans[key] = plan
                 if len(self._plans) > self.programs.max_executables:
                     self._plans.popitem(last=False)
         except Exception as exc:

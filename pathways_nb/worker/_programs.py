@@ -19,6 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, decode_spec, encode_spec
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._python import Colocated
+from pathways_nb.worker._python import load as load_python
 
 log = logging.getLogger("pathways_nb.worker")
 
@@ -26,7 +28,8 @@ log = logging.getLogger("pathways_nb.worker")
 @dataclasses.dataclass
 class Program:
     name: str
-    exported: export.Exported
+    # The jax.export artifact; None for a client's Python function (pw.colocated).
+    exported: export.Exported | None
     # The client's encoded PartitionSpec per input, for inputs the export leaves free.
     in_specs: list[Any] = dataclasses.field(default_factory=list)
     # Bytes of each output (0 for extended dtypes such as PRNG keys), for the store.
@@ -36,14 +39,18 @@ class Program:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The mesh axis types it was traced with (AxisType names; none: all Auto).
     axis_types: list[str] = dataclasses.field(default_factory=list)
+    python: Colocated | None = None
 
     def __post_init__(self) -> None:
-        self.out_nbytes = [
-            0
-            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
-            else math.prod(a.shape) * np.dtype(a.dtype).itemsize
-            for a in self.exported.out_avals
-        ]
+        if self.python is not None:
+            self.out_nbytes = list(self.python.out_nbytes)
+        elif self.exported is not None:
+            self.out_nbytes = [
+                0
+                if jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+                else math.prod(a.shape) * np.dtype(a.dtype).itemsize
+                for a in self.exported.out_avals
+            ]
         self.total_nbytes = sum(self.out_nbytes)
 
 
@@ -52,9 +59,15 @@ class Programs:
     (the executor's, or the socket thread for puts and transfers, which only ask for meshes)."""
 
     def __init__(
-        self, host: str, devices: Sequence[jax.Device], max_executables: int = 256
+        self,
+        host: str,
+        devices: Sequence[jax.Device],
+        max_executables: int = 256,
+        colocated_python: bool = True,
     ) -> None:
         self.host = host
+        # Whether clients' Python functions (pw.colocated) run here.
+        self.colocated_python = colocated_python
         self._devices = {int(d.id): d for d in devices}
         self._programs: dict[str, Program] = {}
         self._bad_programs: dict[str, RemoteError] = {}
@@ -90,9 +103,20 @@ class Programs:
         in_specs: Sequence[Any] = (),
         options: dict[str, Any] | None = None,
         axis_types: Sequence[str] = (),
+        kind: str = "xla",
     ) -> None:
         """Deserialize a program sent by the controller (once per id)."""
         if pid in self._programs:
+            return
+        if kind == "python":
+            try:
+                colocated = load_python(name, blob, self.colocated_python)
+            except RemoteError as exc:
+                log.warning("program %s (%s): %s", name, pid, exc)
+                exc.program, exc.host = name, self.host
+                self._bad_programs[pid] = exc
+                return
+            self._programs[pid] = Program(name, None, in_specs=list(in_specs), python=colocated)
             return
         try:
             exp = export.deserialize(bytearray(blob))
@@ -149,46 +173,54 @@ class Programs:
         fn = self._executables.get(key)
         if fn is not None:
             self._executables.move_to_end(key)
-        else:
-            prog = self.program(pid)
-            exp = prog.exported
-            if prog.axis_types:
-                # The export's shardings name a mesh of these types; arrays on the plain
-                # mesh (puts, transfers) are passed to it as they are.
-                mesh = Mesh(
-                    mesh.devices,
-                    mesh.axis_names,
-                    axis_types=tuple(AxisType[t] for t in prog.axis_types),
-                )
-            in_sh = [
-                s
-                if s is not None
-                else NamedSharding(
-                    mesh, decode_spec(prog.in_specs[i]) if i < len(prog.in_specs) else P()
-                )
-                for i, s in enumerate(exp.in_shardings_jax(mesh))
-            ]
-            out_sh = exp.out_shardings_jax(mesh)
-            # Known output layouts also fix the device count for programs without inputs.
-            kw = (
-                {"out_shardings": jax.tree.unflatten(exp.out_tree, list(out_sh))}
-                if all(s is not None for s in out_sh)
-                else {}
+            return fn
+        prog = self.program(pid)
+        if prog.python is not None:
+            fn = prog.python.bind(mesh)
+        elif prog.exported is not None:
+            fn = self._compile(prog, prog.exported, mesh, donate)
+        self._executables[key] = fn
+        if len(self._executables) > self.max_executables:
+            self._executables.popitem(last=False)
+        return fn
+
+    def _compile(
+        self, prog: Program, exp: export.Exported, mesh: Mesh, donate: tuple[int, ...]
+    ) -> Any:
+        if prog.axis_types:
+            # The export's shardings name a mesh of these types; arrays on the plain
+            # mesh (puts, transfers) are passed to it as they are.
+            mesh = Mesh(
+                mesh.devices,
+                mesh.axis_names,
+                axis_types=tuple(AxisType[t] for t in prog.axis_types),
             )
-            fn = jax.jit(
-                _named(exp.call, prog.name), in_shardings=in_sh, donate_argnums=donate, **kw
+        in_sh = [
+            s
+            if s is not None
+            else NamedSharding(
+                mesh, decode_spec(prog.in_specs[i]) if i < len(prog.in_specs) else P()
             )
-            avals = [
-                jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-                for a, s in zip(exp.in_avals, in_sh, strict=True)
-            ]
-            fn = fn.lower(*avals).compile(prog.options or None)
-            self.compiles += 1
-            if self.after_compile is not None:
-                self.after_compile()
-            self._executables[key] = fn
-            if len(self._executables) > self.max_executables:
-                self._executables.popitem(last=False)
+            for i, s in enumerate(exp.in_shardings_jax(mesh))
+        ]
+        out_sh = exp.out_shardings_jax(mesh)
+        # Known output layouts also fix the device count for programs without inputs.
+        kw = (
+            {"out_shardings": jax.tree.unflatten(exp.out_tree, list(out_sh))}
+            if all(s is not None for s in out_sh)
+            else {}
+        )
+        jitted = jax.jit(
+            _named(exp.call, prog.name), in_shardings=in_sh, donate_argnums=donate, **kw
+        )
+        avals = [
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+            for a, s in zip(exp.in_avals, in_sh, strict=True)
+        ]
+        fn = jitted.lower(*avals).compile(prog.options or None)
+        self.compiles += 1
+        if self.after_compile is not None:
+            self.after_compile()
         return fn
 
     def program(self, pid: str) -> Program:
@@ -206,6 +238,12 @@ class Programs:
         ``analysis``, what ``jax.stages.Compiled`` tells of the executable as well (its
         memory, cost and optimized HLO), compiled with the donations its launches use."""
         try:
+            if self.program(h["pid"]).python is not None:
+                raise RemoteError(
+                    "a colocated Python function has no compiled layouts to probe: its "
+                    "out= declares them",
+                    kind="invalid",
+                )
             donate = tuple(sorted(int(i) for i in h.get("donate") or ()))
             fn = self.executable(h["pid"], self.mesh(h["devices"], h["mesh"]), donate)
             specs = [

@@ -138,6 +138,7 @@ class Host:
             self.config.put_wait_seconds,
             window=self.config.inflight_window,
             executables=self.config.host_executables,
+            colocated_python=self.config.colocated_python,
         )
         self._sender = Sender(self._ctx, name, self.executor.sends.finished, self.store, tls)
         self.executor.send_array = self._sender.submit
@@ -382,6 +383,7 @@ class Host:
                         specs if isinstance(specs, list) else [],
                         options if isinstance(options, dict) else {},
                         types if isinstance(types, list) else [],
+                        h.get("kind", "xla"),
                     ),
                 )
         elif kind == "run":

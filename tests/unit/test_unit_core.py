@@ -210,6 +210,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         "tenant_store_bytes": "8192",
         "receive_pool_bytes": "65536",
         "checkpoint_root": "/srv/checkpoints",
+        "colocated_python": "false",
     }
     assert set(values) == {f.name for f in dataclasses.fields(Config)}
     for field, raw in values.items():
@@ -234,6 +235,7 @@ def test_config_reads_every_pathways_variable(clean_env: pytest.MonkeyPatch) -> 
         tenant_store_bytes=8192,
         receive_pool_bytes=65536,
         checkpoint_root="/srv/checkpoints",
+        colocated_python=False,
     )
 
 
