@@ -32,6 +32,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "data": ([], ["--quick"]),
     "tls": ([], ["--quick"]),
     "profile": ([], ["--quick"]),
+    "colocated": ([], ["--quick"]),
 }
 
 

@@ -343,6 +343,32 @@ def _profile(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _colocated(r: dict[str, Any]) -> list[Row]:
+    mib = r["params"]["big_bytes"] >> 20
+    rows = _turn_rows(
+        r,
+        {
+            "round_trip": "round trip of a pw.colocated function, NumPy on the host "
+            "(ms; a pw.jit program)"
+        },
+        ("pw.jit", "jit_s"),
+        "colocated_s",
+    )
+    big = r["tails_big"]
+    rows.append(
+        (
+            f"1st and 99th percentiles of a {mib} MiB array, pw.colocated on its host "
+            "(ms; fetched and computed in the notebook; plain JAX in one process)",
+            f"fetched {1e3 * big['fetched_s']['median']:.1f}, "
+            f"JAX {1e3 * big['plain_jax_s']['median']:.1f}",
+            f"{1e3 * big['colocated_s']['median']:.1f}",
+            f"{big['ratio']:.2f}x",
+            "",
+        )
+    )
+    return rows
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -356,6 +382,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "data": _data,
     "tls": _tls,
     "profile": _profile,
+    "colocated": _colocated,
 }
 
 

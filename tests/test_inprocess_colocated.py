@@ -246,6 +246,11 @@ def test_one_program_per_function_and_other_values(
     assert host.executor.programs.count == before + 1
     np.testing.assert_array_equal(scale(x, 3.0).fetch(), np.full(4, 3.0))  # another program
     assert host.executor.programs.count == before + 2
+    # A value that cannot be hashed is pickled each call: the same bytes, the same program.
+    sized = pw.colocated(lambda v, k: np.asarray(v) * len(k), out=lambda v, k: v)
+    for _ in range(2):
+        np.testing.assert_array_equal(sized(x, {"a", "b"}).fetch(), np.full(4, 2.0))
+    assert host.executor.programs.count == before + 3
 
 
 def test_the_graph_of_a_step_shows_it_without_running_it(

@@ -124,8 +124,47 @@ class ColocatedFunction:
         return _call(client, self, leaves, treedef)
 
     def _program(
-        self, vs: VirtualSlice, payload: Payload, nin: int, out_tree: Any, outputs: list[_Output]
+        self, vs: VirtualSlice, leaves: list[Any], treedef: Any, arrays: list[RemoteArray]
     ) -> Program:
+        """The program of a call with these arguments: made once per structure, array
+        shapes, dtypes and shardings, other values and mesh, as jax.jit traces once per
+        signature (a call with values that cannot be hashed pickles its own)."""
+        statics = tuple((type(x), x) for x in leaves if not _is_array(x))
+        sigs = tuple((a.shape, a.dtype, a.sharding.spec) for a in arrays)
+        key = (treedef, statics, sigs, tuple(vs.mesh_shape.items()))
+        try:
+            prog = self._programs.get(key)
+        except TypeError:  # an unhashable value among the arguments
+            return self._made(vs, leaves, treedef, arrays)
+        if prog is not None:
+            self._programs.move_to_end(key)
+            return prog
+        prog = self._programs[key] = self._made(vs, leaves, treedef, arrays)
+        if len(self._programs) > _MAX_PROGRAMS:
+            self._programs.popitem(last=False)
+        return prog
+
+    def _made(
+        self, vs: VirtualSlice, leaves: list[Any], treedef: Any, arrays: list[RemoteArray]
+    ) -> Program:
+        slots = iter(range(len(arrays)))
+        arguments = jax.tree.unflatten(
+            treedef, [Slot(next(slots)) if _is_array(x) else x for x in leaves]
+        )
+        out_leaves, out_tree = jax.tree.flatten(_declared(self, arguments, arrays))
+        outputs = [_output(self, vs, i, leaf) for i, leaf in enumerate(out_leaves)]
+        if not outputs:
+            raise ValueError(
+                f"{self.name}: out= declares no arrays. A colocated function returns at least "
+                "one (its failure travels in it); return a flag such as np.int32(0) and "
+                "declare out=jax.ShapeDtypeStruct((), np.int32)"
+            )
+        payload = Payload(
+            self.fn,
+            arguments,
+            jax.tree.unflatten(out_tree, [Slot(i) for i in range(len(outputs))]),
+            [(shape, encode_dtype(dtype), encode_spec(spec)) for shape, dtype, spec in outputs],
+        )
         try:
             blob = cloudpickle.dumps(payload)
         except Exception as exc:
@@ -134,29 +173,20 @@ class ColocatedFunction:
                 f"the host: {type(exc).__name__}: {exc}. Pass arrays as arguments rather "
                 "than in the function's closure or globals, and other values that pickle"
             ) from None
-        pid = program_id(blob, _KEY, kind="python")
-        key = (pid, tuple(vs.mesh_shape.items()))
-        prog = self._programs.get(key)
-        if prog is not None:
-            self._programs.move_to_end(key)
-            return prog
-        prog = Program(
-            pid=pid,
+        return Program(
+            pid=program_id(blob, _KEY, kind="python"),
             name=self.name,
             blob=blob,
             key=_KEY,
-            nin=nin,
+            nin=len(arrays),
             out_tree=out_tree,
             out_avals=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outputs],
             out_specs=[spec for _, _, spec in outputs],
             donate=(),
             platform=vs.platform,
+            in_specs=[encode_spec(a.sharding.spec) for a in arrays],
             kind="python",
         )
-        self._programs[key] = prog
-        if len(self._programs) > _MAX_PROGRAMS:
-            self._programs.popitem(last=False)
-        return prog
 
 
 # An output's shape, dtype and PartitionSpec.
@@ -176,26 +206,7 @@ def _call(client: Client, f: ColocatedFunction, leaves: list[Any], treedef: Any)
         client._onto(vs, x, None if isinstance(x, RemoteArray) else PartitionSpec(), rec)
         for x in given
     ]
-    slots = iter(range(len(arrays)))
-    arguments = jax.tree.unflatten(
-        treedef, [Slot(next(slots)) if _is_array(x) else x for x in leaves]
-    )
-    out_leaves, out_tree = jax.tree.flatten(_declared(f, arguments, arrays))
-    outputs = [_output(f, vs, i, leaf) for i, leaf in enumerate(out_leaves)]
-    if not outputs:
-        raise ValueError(
-            f"{f.name}: out= declares no arrays. A colocated function returns at least one "
-            "(its failure travels in it); return a flag such as np.int32(0) and declare "
-            "out=jax.ShapeDtypeStruct((), np.int32)"
-        )
-    payload = Payload(
-        f.fn,
-        arguments,
-        jax.tree.unflatten(out_tree, [Slot(i) for i in range(len(outputs))]),
-        [(shape, encode_dtype(dtype), encode_spec(spec)) for shape, dtype, spec in outputs],
-    )
-    prog = f._program(vs, payload, len(arrays), out_tree, outputs)
-    prog.in_specs = [encode_spec(a.sharding.spec) for a in arrays]
+    prog = f._program(vs, leaves, treedef, arrays)
     if rec is None or not rec.tracing:
         client._register(prog, vs)
     return client._launch_recorded(f.name, prog, vs, arrays, rec)
