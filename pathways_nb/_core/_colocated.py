@@ -44,8 +44,19 @@ def is_slot(x: Any) -> bool:
     return isinstance(x, Slot)
 
 
-def fill(template: Any, values: Sequence[Any]) -> Any:
-    """``template`` with each :class:`Slot` replaced by ``values[slot.index]``."""
+def fill(template: Any, values: Sequence[Any]) -> tuple[Any, int]:
+    """``template`` with each :class:`Slot` replaced by ``values[slot.index]``, and how
+    many were: a Slot inside a pytree type this process has not registered stays hidden
+    in a leaf."""
     import jax
 
-    return jax.tree.map(lambda x: values[x.index] if is_slot(x) else x, template, is_leaf=is_slot)
+    filled = 0
+
+    def value(x: Any) -> Any:
+        nonlocal filled
+        if not is_slot(x):
+            return x
+        filled += 1
+        return values[x.index]
+
+    return jax.tree.map(value, template, is_leaf=is_slot), filled

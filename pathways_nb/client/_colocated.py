@@ -217,7 +217,7 @@ def _declared(f: ColocatedFunction, arguments: Any, arrays: list[RemoteArray]) -
     if not callable(f.out):
         return f.out
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
-    args, kwargs = fill(arguments, structs)
+    (args, kwargs), _ = fill(arguments, structs)
     return f.out(*args, **kwargs)
 
 

@@ -51,7 +51,15 @@ class Colocated:
         shardings = [NamedSharding(mesh, spec) for spec in self._out_specs]
 
         def run(*arrays: jax.Array) -> list[jax.Array]:
-            args, kwargs = fill(self._payload.arguments, arrays)
+            (args, kwargs), filled = fill(self._payload.arguments, arrays)
+            if filled != len(arrays):
+                raise RemoteError(
+                    f"colocated function {self.name}: its arguments hold arrays inside a "
+                    "pytree type this host does not know (one registered in the notebook "
+                    "only). Pass the arrays in lists, tuples or dicts, or register the type "
+                    "in a module the hosts import too",
+                    kind="invalid",
+                )
             result = self._payload.fn(*args, **kwargs)
             return [
                 # A copy always: an output that is (or views) an input's buffer would

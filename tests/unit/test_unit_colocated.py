@@ -49,3 +49,20 @@ def test_what_a_host_cannot_run_is_refused_with_the_reason(
     with pytest.raises(RemoteError, match=says) as info:
         load("f", blob, allowed)
     assert info.value.kind == "invalid"
+
+
+class _Box:
+    """A container the host has not registered as a pytree: a leaf to it."""
+
+    def __init__(self, v: object) -> None:
+        self.v = v
+
+
+def test_arrays_hidden_in_a_type_the_host_does_not_know_are_named() -> None:
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    outputs = [((4,), "<f4", encode_spec(P("d")))]
+    blob = cloudpickle.dumps(Payload(lambda b: b.v, ((_Box(Slot(0)),), {}), Slot(0), outputs))
+    run = load("boxed", blob, allowed=True).bind(mesh)
+    x = jax.device_put(np.arange(4, dtype=np.float32), jax.NamedSharding(mesh, P("d")))
+    with pytest.raises(RemoteError, match="inside a pytree type this host does not know"):
+        run(x)
