@@ -71,9 +71,9 @@ def colocated(
     from an installed module by reference (the hosts need that module). It runs on the
     slice given (``slice=``), or its arguments' slice, or the default slice.
 
-    The call takes its turn among the island's programs: those submitted before it have
-    run when it starts (it waits for its inputs' values), and those after it wait until
-    it returns, so a slow function holds back its island. An exception in it is stored
+    The call takes its turn among the island's programs: those submitted before it are
+    under way when it starts (reading an input waits for its value), and those after it
+    wait until it returns, so a slow function holds back its island. An exception in it is stored
     in its outputs and raised, with its traceback from the host, when they are used.
     Hosts whose process sets ``PATHWAYS_COLOCATED_PYTHON=0`` refuse such functions.
     """
