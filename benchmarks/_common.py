@@ -68,6 +68,15 @@ def alternating(
     return a, b, statistics.median(y / x for x, y in zip(a, b, strict=True))
 
 
+def big_array(nbytes: int) -> Any:
+    """Float32 normal values filling ``nbytes``, 1024 to a row (a multiple of 4 KiB): the
+    large array the fetch, TLS and colocated benchmarks move, the same in each."""
+    import numpy as np
+
+    rows = nbytes // 4 // 1024
+    return np.random.default_rng(0).standard_normal((rows, 1024)).astype(np.float32)
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import alternating, machine, quick_main, summary, timed
+from benchmarks._common import alternating, big_array, machine, quick_main, summary, timed
 
 
 def _tails(v: Any) -> np.ndarray:
@@ -45,8 +45,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     big = (1 if quick else 64) << 20
     repeats = 3 if quick else 15
     inner = 10 if quick else 100
-    value = np.random.default_rng(0).standard_normal((big // 4 // 1024, 1024))
-    value = value.astype(np.float32)
+    value = big_array(big)
     want = _tails(value)
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,

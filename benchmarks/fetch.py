@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import alternating, machine, quick_main, summary
+from benchmarks._common import alternating, big_array, machine, quick_main, summary
 
 
 def _turns(
@@ -64,8 +64,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     big = (1 if quick else 64) << 20
     repeats = 3 if quick else 15
     mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
-    rows = big // 4 // 1024
-    host_big = np.random.default_rng(0).standard_normal((rows, 1024)).astype(np.float32)
+    host_big = big_array(big)
     small = [np.full(8, i, np.float32) for i in range(leaves)]
     with (
         pw.LocalCluster(islands=1, devices_per_island=4, dashboard=False) as cluster,

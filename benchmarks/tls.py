@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pathways_nb as pw
-from benchmarks._common import alternating, machine, quick_main, summary
+from benchmarks._common import alternating, big_array, machine, quick_main, summary
 
 
 class _Side:
@@ -74,8 +74,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     big = (1 if quick else 64) << 20
     repeats = 3 if quick else 15
     inner = 10 if quick else 100
-    host_big = np.random.default_rng(0).standard_normal((big // 4 // 1024, 1024))
-    host_big = host_big.astype(np.float32)
+    host_big = big_array(big)
     with (
         pw.LocalCluster(islands=2, devices_per_island=2, dashboard=False) as plain_cluster,
         pw.LocalCluster(
