@@ -7,6 +7,7 @@ see when, and whether, it ran.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -174,7 +175,9 @@ def test_a_failure_is_a_value_with_the_hosts_traceback(vs: pw.VirtualSlice) -> N
         assert "ValueError: no good: 4.0" in str(info.value)
         assert info.value.program == "broken" and info.value.host == vs.host
         assert "in broken" in info.value.remote_traceback
-    # The host goes on.
+    # Not even sys.exit() in it ends the host's thread: the call fails, the host goes on.
+    with pytest.raises(pw.RemoteError, match="raised SystemExit: 3"):
+        pw.colocated(lambda v: sys.exit(3), out=lambda v: v)(x).fetch()
     ok = pw.colocated(lambda v: np.asarray(v) + 1, out=lambda v: v)(x)
     np.testing.assert_array_equal(ok.fetch(), np.full(4, 2.0))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +61,19 @@ class Colocated:
                     "in a module the hosts import too",
                     kind="invalid",
                 )
-            result = self._payload.fn(*args, **kwargs)
+            try:
+                result = self._payload.fn(*args, **kwargs)
+            except Exception:
+                raise
+            except BaseException as exc:
+                # sys.exit() or a KeyboardInterrupt raised in the function would end the
+                # host's dispatching thread: it fails this call as any exception does.
+                raise RemoteError(
+                    f"colocated function {self.name} raised {type(exc).__name__}"
+                    + (f": {exc}" if str(exc) else ""),
+                    kind="runtime",
+                    remote_traceback="".join(traceback.format_exception(exc)),
+                ) from None
             return [
                 # A copy always: an output that is (or views) an input's buffer would
                 # go when a later launch donates the input.
@@ -116,7 +129,7 @@ def load(name: str, blob: bytes, allowed: bool) -> Colocated:
         )
     try:
         payload = pickle.loads(blob)
-    except Exception as exc:
+    except BaseException as exc:  # what unpickling runs is the client's code
         raise RemoteError(
             f"colocated function {name} could not be unpickled on this host: "
             f"{type(exc).__name__}: {exc}. A function from a module travels by reference: "
