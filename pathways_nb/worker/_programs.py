@@ -9,7 +9,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -177,16 +177,16 @@ class Programs:
         prog = self.program(pid)
         if prog.python is not None:
             fn = prog.python.bind(mesh)
-        elif prog.exported is not None:
-            fn = self._compile(prog, prog.exported, mesh, donate)
+        else:
+            fn = self._compile(prog, mesh, donate)
         self._executables[key] = fn
         if len(self._executables) > self.max_executables:
             self._executables.popitem(last=False)
         return fn
 
-    def _compile(
-        self, prog: Program, exp: export.Exported, mesh: Mesh, donate: tuple[int, ...]
-    ) -> Any:
+    def _compile(self, prog: Program, mesh: Mesh, donate: tuple[int, ...]) -> Any:
+        # A program that is not a Python function is an export (see add).
+        exp = cast(export.Exported, prog.exported)
         if prog.axis_types:
             # The export's shardings name a mesh of these types; arrays on the plain
             # mesh (puts, transfers) are passed to it as they are.
