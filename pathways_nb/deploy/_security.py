@@ -77,11 +77,15 @@ def command_options(security: Any, role: str, folder: str) -> list[str]:
 
 
 def _as_file(value: str, folder: str, name: str) -> str:
-    """A path to ``value``: itself when it is one, else a file of its PEM text."""
+    """A path to ``value``: itself when it is one, else a file of its PEM text in
+    ``folder`` (a cluster's own: a file of that name there already holds it, as the CA
+    each role and the client name)."""
     if "-----BEGIN" not in value:
         return value
     path = os.path.join(folder, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if os.path.exists(path):
+        return path
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(value)
     return path

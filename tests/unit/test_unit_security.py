@@ -80,6 +80,11 @@ def test_a_cluster_security_is_checked_and_written_for_its_commands(
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # a private key among them
     with open(files["--tls-key"]) as f:
         assert f.read() == temporary.tls_worker_key
+    # The CA every role names is written into the cluster's folder once.
+    ca = files["--tls-ca-file"]
+    os.utime(ca, ns=(1, 1))
+    assert command_options(temporary, "scheduler", folder)[3] == ca
+    assert os.stat(ca).st_mtime_ns == 1
     # Certificates given as files are passed as they are.
     on_disk = Security(
         tls_ca_file=files["--tls-ca-file"],
