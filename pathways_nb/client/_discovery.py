@@ -47,9 +47,10 @@ def client_tls(security: Any) -> TLSContexts:
     """The contexts a client dials with: none without ``security``."""
     if security is None:
         return NO_TLS
-    if security.get_connection_args("client").get("ssl_context") is None:
-        return TLSContexts(required=bool(security.require_encryption))
-    return TLSContexts.from_security(security, "client", listen=False)
+    # One context, made here: a client listens nowhere, and a Security without a client
+    # certificate (a plain cluster's that requires encryption) dials nothing over TLS.
+    context = security.get_connection_args("client").get("ssl_context")
+    return TLSContexts(client=context, required=bool(security.require_encryption))
 
 
 def ask_scheduler(
