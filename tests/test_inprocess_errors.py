@@ -231,8 +231,10 @@ def test_allocate_errors_say_what_is_free(client: pw.Client) -> None:
         client.allocate({"data": 2}, name="train")
     with pytest.raises(ValueError, match="names axis 'model'"):
         vs.put(np.ones(4), P("model"))
-    with pytest.raises(ValueError, match="does not split evenly"):
+    with pytest.raises(ValueError, match=r"does not split evenly.*pad it to a multiple of 2"):
         vs.put(np.ones(3), P("data"))
+    with pytest.raises(ValueError, match="rank 1: give at most one entry per dimension"):
+        vs.put(np.ones(4), P("data", None))
 
 
 def test_no_slice_is_a_clear_error(cluster: pw.InProcessCluster) -> None:

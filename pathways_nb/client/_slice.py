@@ -281,7 +281,8 @@ class VirtualSlice:
         """Raise ValueError unless ``spec`` can shard an array of ``shape`` on this slice."""
         if len(spec) > len(shape):
             raise ValueError(
-                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank {len(shape)}"
+                f"PartitionSpec {spec} has {len(spec)} entries but the array has rank "
+                f"{len(shape)}: give at most one entry per dimension"
             )
         self.check_axes(spec)
         for dim, entry in enumerate(spec):
@@ -291,7 +292,8 @@ class VirtualSlice:
             if shape[dim] % n:
                 raise ValueError(
                     f"dimension {dim} of size {shape[dim]} does not split evenly over {n} devices "
-                    f"({spec} on mesh {self.mesh_shape})"
+                    f"({spec} on mesh {self.mesh_shape}): pad it to a multiple of {n}, shard "
+                    "another dimension, or leave this one unsharded (None in its place)"
                 )
 
     def sharding(self, spec: PartitionSpec) -> Any:
