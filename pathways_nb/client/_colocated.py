@@ -73,8 +73,9 @@ def colocated(
 
     The call takes its turn among the island's programs: those submitted before it are
     under way when it starts (reading an input waits for its value), and those after it
-    wait until it returns, so a slow function holds back its island. An exception in it is stored
-    in its outputs and raised, with its traceback from the host, when they are used.
+    wait until it returns, so a slow function holds back its island. An exception in it
+    is stored in its outputs and raised, with its traceback from the host, when they are
+    used.
     Hosts whose process sets ``PATHWAYS_COLOCATED_PYTHON=0`` refuse such functions.
     """
     if fn is None:

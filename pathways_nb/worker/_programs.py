@@ -113,8 +113,9 @@ class Programs:
                 colocated = load_python(name, blob, self.colocated_python)
             except RemoteError as exc:
                 log.warning("program %s (%s): %s", name, pid, exc)
-                exc.program, exc.host = name, self.host
-                self._bad_programs[pid] = exc
+                self._bad_programs[pid] = to_remote(
+                    exc, "invalid", program=name, slice="", host=self.host
+                )
                 return
             self._programs[pid] = Program(name, None, in_specs=list(in_specs), python=colocated)
             return
