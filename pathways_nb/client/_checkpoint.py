@@ -19,8 +19,10 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
+import secrets
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import jax
@@ -36,6 +38,9 @@ from pathways_nb.client._waiting import block
 if TYPE_CHECKING:
     from pathways_nb.client._session import Client
     from pathways_nb.client._slice import VirtualSlice
+
+# Seconds a failed save waits for its hosts to remove its pending files before raising.
+_DISCARD_WAIT = 30.0
 
 
 @overload
@@ -56,8 +61,11 @@ def save(path: str | os.PathLike[str], tree: Any, *, wait: bool = True) -> list[
     in the background while training goes on (the next step may donate the arrays),
     and the :class:`Saving` returned says how the writes ended (``.result()``).
 
-    A file is written whole or not at all, so a checkpoint there before stays readable
-    until its replacement is complete. ``path`` must be absolute: the hosts resolve it,
+    A checkpoint is replaced whole: each host writes its files under pending names
+    first, and they are renamed into place only once every array of ``tree`` is written,
+    so a save that fails (a failed program, a full disk, a lost host) leaves the
+    checkpoint already in the folder as it was, and its own pending files removed. Other
+    files in the folder are left alone. ``path`` must be absolute: the hosts resolve it,
     from working directories of their own.
     """
     folder = _folder(path)
@@ -69,31 +77,96 @@ def save(path: str | os.PathLike[str], tree: Any, *, wait: bool = True) -> list[
                 "Put it on a slice first (vs.put), or keep it out of the tree"
             )
         x._check_usable()
+    staged = _Staged(secrets.token_hex(8))
     futures: list[concurrent.futures.Future[Any]] = []
     asks: list[tuple[Client, str, dict[str, Any]]] = []
     for name, x in named:
         client = x._client
         client._check_open()
-        header = {"t": "save", "handle": x.handle, "path": f"{folder}/{name}.npy"}
+        header: dict[str, Any] = {
+            "t": "save",
+            "handle": x.handle,
+            "path": f"{folder}/{name}.npy",
+            "stage": staged.stage,
+        }
         if not wait:
             header["background"] = True
             asks.append((client, x.slice.data_address, {**header, "t": "saved"}))
         futures.append(client._io.host_request(x.slice.data_address, dict(header)))
-    _wait(futures, [x._client for _, x in named])
+        staged.add(client, x.slice.data_address)
+    clients = [x._client for _, x in named]
+    try:
+        _wait(futures, clients)
+    except Exception:
+        # Every write has ended: the failed save's pending files are gone when it raises.
+        concurrent.futures.wait(staged.end(keep=False), timeout=_DISCARD_WAIT)
+        raise
+    except BaseException:  # interrupted: the writes still going remove their own files
+        staged.end(keep=False)
+        raise
     names = [f"{name}.npy" for name, _ in named]
-    return names if wait else Saving(names, asks)
+    if not wait:
+        return Saving(names, asks, staged)
+    _wait(staged.end(keep=True), clients)
+    return names
+
+
+class _Staged:
+    """The hosts that write one save's files under pending names (see
+    ``worker/_checkpoint``), and how many each: a commit renames them into place, a
+    discard removes them."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self._hosts: dict[tuple[int, str], tuple[Client, str, int]] = {}
+
+    def add(self, client: Client, address: str) -> None:
+        _, _, count = self._hosts.get((id(client), address), (client, address, 0))
+        self._hosts[(id(client), address)] = (client, address, count + 1)
+
+    def end(self, keep: bool) -> list[concurrent.futures.Future[Any]]:
+        """Ask every host to commit (``keep``) or discard its files; the answers."""
+        futures: list[concurrent.futures.Future[Any]] = []
+        for client, address, count in self._hosts.values():
+            header = {"t": "commit_save", "stage": self.stage, "keep": keep, "count": count}
+            futures.append(client._io.host_request(address, header))
+        return futures
 
 
 class Saving:
     """A checkpoint :func:`save` is writing in the background: its arrays are copied
     on their hosts already; :meth:`result` waits for the files."""
 
-    def __init__(self, names: list[str], asks: list[tuple[Client, str, dict[str, Any]]]):
+    def __init__(
+        self, names: list[str], asks: list[tuple[Client, str, dict[str, Any]]], staged: _Staged
+    ) -> None:
         self.names = names
-        self._asks = asks
-        self._futures: list[concurrent.futures.Future[Any]] | None = None
+        self._clients = [c for c, _, _ in asks]
         self._outcome: BaseException | None = None
         self._over = False
+        # Committed in the background as soon as every write has ended, whether or not
+        # anyone asks for the result: the client's IO thread runs the callbacks.
+        self._ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+        writes: list[concurrent.futures.Future[Any]] = [
+            c._io.host_request(address, dict(h)) for c, address, h in asks
+        ]
+        _when_all(writes, lambda: self._commit(writes, staged))
+
+    def _commit(self, writes: list[concurrent.futures.Future[Any]], staged: _Staged) -> None:
+        failed = next((f.exception() for f in writes if f.exception() is not None), None)
+        ends = staged.end(keep=failed is None)
+        if failed is not None:
+            self._ended.set_exception(failed)
+            return
+
+        def over() -> None:
+            bad = next((f.exception() for f in ends if f.exception() is not None), None)
+            if bad is None:
+                self._ended.set_result(None)
+            else:
+                self._ended.set_exception(bad)
+
+        _when_all(ends, over)
 
     def __repr__(self) -> str:
         state = "written" if self._over and self._outcome is None else "writing"
@@ -105,22 +178,14 @@ class Saving:
         """The files' names once all are written; raises the first write's failure, or
         TimeoutError after ``timeout`` seconds (ask again later: nothing is lost)."""
         if not self._over:
-            if self._futures is None:  # each host answers how a write ended once
-                self._futures = [
-                    c._io.host_request(address, dict(h)) for c, address, h in self._asks
-                ]
             deadline = None if timeout is None else time.monotonic() + timeout
-            clients = [c for c, _, _ in self._asks]
-            block(self._futures, clients, deadline=deadline)
-            if not all(f.done() for f in self._futures):
+            block([self._ended], self._clients, deadline=deadline)
+            if not self._ended.done():
                 raise TimeoutError(
-                    f"{sum(not f.done() for f in self._futures)} of {len(self.names)} "
-                    f"checkpoint files not written within {timeout} s"
+                    f"the checkpoint's {len(self.names)} files were not written within {timeout} s"
                 )
             self._over = True
-            self._outcome = next(
-                (f.exception() for f in self._futures if f.exception() is not None), None
-            )
+            self._outcome = self._ended.exception()
         if self._outcome is not None:
             raise self._outcome
         return list(self.names)
@@ -260,6 +325,24 @@ def _folder(path: Any) -> str:
             f"own; got {folder!r} (os.path.abspath({folder!r}) is this machine's)"
         )
     return folder.rstrip("/") or "/"
+
+
+def _when_all(futures: list[concurrent.futures.Future[Any]], then: Callable[[], None]) -> None:
+    """Call ``then()`` once, on the thread that finishes the last of ``futures``."""
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one(_: concurrent.futures.Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    if not futures:
+        then()
+    for f in futures:
+        f.add_done_callback(one)
 
 
 def _wait(futures: list[concurrent.futures.Future[Any]], clients: Sequence[Client]) -> None:

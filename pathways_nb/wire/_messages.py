@@ -119,9 +119,11 @@ SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "fetch": {"rid": _INT, "handle": _INT},
     "wait": {"rid": _INT, "handle": _INT},
     # ... of a checkpoint: an array written to, or read from, a file on the host
-    "save": {"rid": _INT, "handle": _INT, "path": _STR},
+    "save": {"rid": _INT, "handle": _INT, "path": _STR, "stage": _STR},
     # ... of how a background save's write ended
     "saved": {"rid": _INT, "handle": _INT, "path": _STR},
+    # ... to rename a save's staged files into place (keep) or remove them
+    "commit_save": {"rid": _INT, "stage": _STR, "keep": (bool,), "count": _INT},
     "load": {
         "rid": _INT,
         "handle": _INT,

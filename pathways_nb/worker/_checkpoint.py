@@ -6,6 +6,11 @@ A file is NumPy's own format, readable without pathways_nb (``np.load``); JAX's 
 that NumPy does not know (bfloat16, float8, ...) are stored as raw bytes of their size
 (NumPy's ``V2`` for bfloat16) and read back as the type the restore names. A PRNG key
 array is stored as its key data.
+
+A save is staged: each file is written under a pending name (``w.npy.<stage>.pending``)
+and renamed into place only when the client, which knows that every array of the tree was
+written, says so (``commit_save``); a save that fails anywhere has its pending files
+removed instead, so a checkpoint already in the folder is never left half replaced.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import collections
 import concurrent.futures
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,6 +34,27 @@ from pathways_nb.worker._store import Entry, ObjectStore
 
 # Outcomes of background writes a host keeps until their clients ask for them.
 KEPT_WRITES = 4096
+# Saves a host keeps staged until their clients commit or discard them (a client that
+# died before either leaves its pending files behind, never read by a restore).
+KEPT_STAGES = 1024
+# A stage is the client's random name for one save (``secrets.token_hex(8)``).
+_STAGE = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass
+class _Stage:
+    """One save's files on this host: who wrote them, and whether it was discarded
+    (a write that ends after that removes its own file)."""
+
+    tenant: int
+    written: list[str] = field(default_factory=list)
+    discarded: bool = False
+
+
+def pending_path(path: str, stage: str) -> str:
+    """Where a staged save writes the file that becomes ``path`` once committed."""
+    return f"{path}.{stage}.pending"
+
 
 # Store a put's value (its client, header, value): True once stored (see the host's
 # _store_or_park); and make the put's handle hold an error, telling its client.
@@ -60,13 +88,14 @@ class Checkpoints:
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
+        self._stages: collections.OrderedDict[str, _Stage] = collections.OrderedDict()
 
-    def save(self, identity: bytes, h: dict[str, Any]) -> None:
+    def save(self, identity: bytes, h: dict[str, Any], tenant: int) -> None:
         """Copy the array into host memory once it is computed and write it to
         ``h["path"]``; answer the client once written or, with ``background``, once
         copied (the write's outcome then waits for a ``saved`` request). A failed
         program's array is answered with its own error."""
-        rid, path, handle = h["rid"], h["path"], h["handle"]
+        rid, path, handle, stage = h["rid"], h["path"], h["handle"], h["stage"]
         background = h.get("background") is True
 
         def answer(err: RemoteError | None) -> None:
@@ -81,7 +110,7 @@ class Checkpoints:
                 return
             sname = entry.origin[1]
             try:
-                target = self.confined(path)
+                target = pending_path(self.confined(path), self._stage(stage, tenant))
                 _, arr = host_payload(entry.value)  # the copy: later launches may donate
             except Exception as exc:
                 answer(to_remote(exc, "invalid", program="save", slice=sname, host=self.host))
@@ -96,6 +125,7 @@ class Checkpoints:
             err = None
             try:
                 write_array(target, arr)
+                self._written(stage, target)
             except Exception as exc:
                 err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
             if not background:
@@ -109,6 +139,79 @@ class Checkpoints:
             self._pool.submit(copy_and_write, entry)
 
         self._store.when_ready(handle, ready)
+
+    def _stage(self, stage: Any, tenant: int) -> str:
+        """``stage``, checked and noted as ``tenant``'s; ValueError if it is not one."""
+        if type(stage) is not str or not _STAGE.fullmatch(stage):
+            raise ValueError(f"a save's stage is 16 hexadecimal digits; got {stage!r}")
+        with self._lock:
+            known = self._stages.get(stage)
+            if known is None:
+                self._keep_stage(stage, _Stage(tenant))
+            elif known.tenant != tenant:
+                raise PermissionError(f"the save {stage} is another client's")
+            elif known.discarded:
+                raise RuntimeError(f"the save {stage} was discarded before this file")
+        return stage
+
+    def _keep_stage(self, stage: str, record: _Stage) -> None:
+        self._stages[stage] = record
+        while len(self._stages) > KEPT_STAGES:
+            self._stages.popitem(last=False)
+
+    def _written(self, stage: str, pending: str) -> None:
+        """Note a staged file written, or remove it if its save was discarded meanwhile."""
+        with self._lock:
+            known = self._stages.get(stage)
+            if known is not None and not known.discarded:
+                known.written.append(pending)
+                return
+        with contextlib.suppress(OSError):
+            os.remove(pending)
+
+    def commit(self, identity: bytes, h: dict[str, Any], tenant: int) -> None:
+        """Rename the files of the save ``h["stage"]`` into place (``keep``), or remove
+        them; answer once done. A commit names how many files the client had written
+        here, so a host that lost some (restarted since) refuses rather than commit
+        part of a checkpoint."""
+        rid, stage, keep, count = h["rid"], h["stage"], h["keep"] is True, h["count"]
+
+        def end() -> None:
+            try:
+                with self._lock:
+                    known = self._stages.get(stage)
+                    if known is None and not keep and _STAGE.fullmatch(stage):
+                        # Discarded before any of its writes began here: none will.
+                        known = _Stage(tenant)
+                        self._keep_stage(stage, known)
+                    if known is None or known.tenant != tenant or known.discarded:
+                        raise LookupError(
+                            f"no save {stage!r} of this client is staged on this host (it "
+                            "was committed or discarded already, or the host restarted "
+                            "since): save the checkpoint again"
+                        )
+                    if keep and len(known.written) != count:
+                        raise LookupError(
+                            f"the save {stage} wrote {len(known.written)} of its {count} "
+                            "files on this host: save the checkpoint again"
+                        )
+                    # Kept, marked, so that a write of it still to come removes itself.
+                    known.discarded = True
+                    written, known.written = known.written, []
+                try:
+                    if keep:
+                        _commit(written, stage)
+                finally:
+                    for pending in written:  # all renamed, or the save discarded
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(pending)
+                reply: dict[str, Any] = {"t": "reply", "rid": rid}
+            except Exception as exc:
+                err = to_remote(exc, "invalid", program="save", slice="", host=self.host)
+                reply = {"t": "failed", "rid": rid, "error": err.to_dict()}
+            self._to_client(identity, reply, ())
+
+        self._pool.submit(end)
 
     def saved(self, identity: bytes, h: dict[str, Any]) -> None:
         """Answer once the background write of ``h["handle"]`` to ``h["path"]`` is
@@ -169,6 +272,23 @@ class Checkpoints:
                     "restore under it"
                 )
         return path
+
+
+def _commit(written: list[str], stage: str) -> None:
+    """Rename a save's pending files into place; checked first, so that what can be
+    foreseen does not leave the checkpoint committed in part."""
+    targets = [p.removesuffix(f".{stage}.pending") for p in written]
+    for pending, target in zip(written, targets, strict=True):
+        if os.path.isdir(target):
+            raise IsADirectoryError(
+                f"cannot save {target}: a folder is in its place; move it and save again"
+            )
+        if not os.path.isfile(pending):
+            raise FileNotFoundError(
+                f"cannot save {target}: the file written for it ({pending}) is gone; save again"
+            )
+    for pending, target in zip(written, targets, strict=True):
+        os.replace(pending, target)
 
 
 def write_array(path: str, arr: np.ndarray) -> None:

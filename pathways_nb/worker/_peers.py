@@ -37,6 +37,7 @@ CLIENT_REQUESTS: dict[str, str | None] = {
     "wait_many": "handles",
     "save": "handle",
     "saved": "handle",
+    "commit_save": None,
     "load": "handle",
     "profile": None,
 }

@@ -449,7 +449,9 @@ class Host:
         elif kind in ("fetch_many", "wait_many"):
             self._answers.many(identity, h["rid"], kind, h["handles"])
         elif kind == "save":
-            self._checkpoints.save(identity, h)
+            self._checkpoints.save(identity, h, self._peers.tenant(identity))
+        elif kind == "commit_save":
+            self._checkpoints.commit(identity, h, self._peers.tenant(identity))
         elif kind == "saved":
             self._checkpoints.saved(identity, h)
         elif kind == "load":

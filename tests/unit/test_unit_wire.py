@@ -13,7 +13,7 @@ from pathways_nb._core import ProtocolError
 from pathways_nb.wire import SCHEMAS, Message, check, decode, encode
 from pathways_nb.wire._messages import error_header
 
-_GOOD: dict[type, Any] = {int: 3, str: "x", list: [1], dict: {"a": 1}, float: 0.5}
+_GOOD: dict[type, Any] = {int: 3, str: "x", list: [1], dict: {"a": 1}, float: 0.5, bool: True}
 
 
 def valid(kind: str) -> dict[str, Any]:
