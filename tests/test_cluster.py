@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -1031,6 +1032,17 @@ def test_a_bad_setting_for_a_cluster_is_refused_before_any_process_starts() -> N
             pw.LocalCluster(1, 1, dashboard=False, host=host)
     with pytest.raises(ValueError, match=r"such as 8786; got -1"):
         pw.LocalCluster(1, 1, dashboard=False, port=-1)
+    # Sizes this machine cannot start: said at once, before a process or a list of
+    # their settings is made.
+    with pytest.raises(ValueError, match=r"up to 64; got islands=99999999999999999999"):
+        pw.LocalCluster(99999999999999999999, 1, dashboard=False)
+    with pytest.raises(ValueError, match=r"at most 1024 simulated CPU devices per host; got 4096"):
+        pw.LocalCluster(1, 4096, dashboard=False)
+    with (
+        mock.patch("psutil.virtual_memory", return_value=mock.Mock(available=1 << 30)),
+        pytest.raises(pw.ResourceExhaustedError, match=r"islands=8 starts 8 host processes"),
+    ):
+        pw.LocalCluster(8, 1, dashboard=False)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -87,6 +87,11 @@ def test_restore_onto_another_slice_and_from_shapes(client: pw.Client, tmp_path:
     np.testing.assert_array_equal(moved.fetch(), w.fetch())
     plain = pw.restore(tmp_path, {"w": jax.ShapeDtypeStruct((4, 4), np.float32)}, slice=b)["w"]
     assert plain.spec == P()
+    # A bare PartitionSpec, as jax.ShapeDtypeStruct takes one under jax.set_mesh.
+    bare = {"w": jax.ShapeDtypeStruct((4, 4), np.float32, sharding=P(None, "y"))}
+    spread = pw.restore(tmp_path, bare, slice=b)["w"]
+    assert spread.spec == P(None, "y")
+    np.testing.assert_array_equal(spread.fetch(), w.fetch())
     np.testing.assert_array_equal(plain.fetch(), w.fetch())
     # A tree over several slices (a pipeline's stages): each leaf by its own slice's host.
     stages = [w, b.put(np.ones((2, 2), np.float32), P("y"))]

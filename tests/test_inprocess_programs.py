@@ -677,6 +677,14 @@ def test_compile_runs_on_the_slices_host_and_reports_what_jax_reports(
     assert g.lower(w, shaped).compile().memory_analysis().argument_size_in_bytes == (
         64 * 64 * 4 + 256 * 64 * 4 // 2
     )
+    # A bare PartitionSpec over the slice's axes, as under jax.set_mesh in JAX.
+    bare = jax.ShapeDtypeStruct((256, 64), np.float32, sharding=P("data"))
+    h = pw.jit(lambda w, x: x @ w, slice=vs)
+    assert h.lower(w, bare).compile().input_shardings[0][1].spec == P("data")
+    assert h.eval_shape(w, bare).shape == (256, 64)
+    assert f.eval_shape(w, bare).shape == (256, 64)  # the slice of w
+    with pytest.raises(ValueError, match=r"this function has no slice yet: pin it"):
+        pw.jit(lambda x: x * 2).eval_shape(bare)
     # Options given to compile() are the host compiler's, as in jax.jit's.
     z = vs.put(np.ones((128, 64), np.float32), P("data"))
     with pytest.raises(pw.RemoteError, match="No such compile option: 'xla_no_such'"):

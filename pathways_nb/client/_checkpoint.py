@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from pathways_nb._core import encode_dtype, encode_mesh, encode_spec
 from pathways_nb.client._arrays import _LOCAL_LID
-from pathways_nb.client._jit import _is_remote
+from pathways_nb.client._jit import _is_remote, struct_spec
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._waiting import block
 
@@ -264,9 +264,7 @@ def _target(
                 f"the leaf {name!r} is a ShapeDtypeStruct, which names no slice: give "
                 "pw.restore(..., slice=vs)"
             )
-        sharding = leaf.sharding
-        spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
-        return slice, tuple(leaf.shape), leaf.dtype, spec
+        return slice, tuple(leaf.shape), leaf.dtype, struct_spec(leaf) or PartitionSpec()
     raise TypeError(
         f"pw.restore takes a tree of RemoteArrays or jax.ShapeDtypeStructs saying what "
         f"to restore; the leaf {name!r} is a {type(leaf).__name__}"

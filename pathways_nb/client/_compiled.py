@@ -150,7 +150,7 @@ def _aval(x: Any, vs: VirtualSlice, spec: PartitionSpec | None) -> jax.ShapeDtyp
         return jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=NamedSharding(am, s), weak_type=x.weak_type
         )
-    a = _abstract_leaf(x)
+    a = _abstract_leaf(x, vs)
     given = getattr(a, "sharding", None)
     if spec is None and isinstance(given, NamedSharding):
         spec = given.spec

@@ -164,7 +164,8 @@ class RemoteFunction:
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them; nothing runs."""
         dyn, static = self._split(args, kwargs)
-        abstract = jax.tree.map(_abstract_leaf, dyn, is_leaf=_is_remote)
+        vs = self._slice_of(jax.tree.leaves(dyn, is_leaf=_is_remote))
+        abstract = jax.tree.map(lambda x: _abstract_leaf(x, vs), dyn, is_leaf=_is_remote)
         return jax.eval_shape(lambda d: self._apply(d, static), abstract)
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
@@ -173,16 +174,20 @@ class RemoteFunction:
         Nothing runs."""
         dyn, static = self._split(args, kwargs)
         leaves, treedef = jax.tree.flatten(dyn, is_leaf=_is_remote)
-        avals = [_abstract_leaf(x) for x in leaves]
+        vs = self._slice_of(leaves)
+        avals = [_abstract_leaf(x, vs) for x in leaves]
         fn = jax.jit(
             lambda *xs: self._apply(jax.tree.unflatten(treedef, list(xs)), static),
             keep_unused=self.keep_unused,
         )
-        remote = next((x for x in leaves if _is_remote(x)), None)
-        vs = self.slice or (remote.slice if remote is not None else None)
         platform = vs.platform if vs is not None else jax.default_backend()
         compile_on_slice = functools.partial(compile_on_host, self, args, kwargs)
         return Traced(self.name, fn.trace(*avals), platform, compile_on_slice)
+
+    def _slice_of(self, leaves: Sequence[Any]) -> VirtualSlice | None:
+        """The slice a call with these leaves would run on, where one is known."""
+        remote = next((x for x in leaves if _is_remote(x)), None)
+        return self.slice or (remote.slice if remote is not None else None)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """``jax.jit(...).lower`` for the slice's abstract mesh (no devices needed);
@@ -358,13 +363,41 @@ def _is_remote(x: Any) -> bool:
     return type(x) is RemoteArray
 
 
-def _abstract_leaf(x: Any) -> Any:
+def struct_spec(x: jax.ShapeDtypeStruct) -> PartitionSpec | None:
+    """The PartitionSpec a ShapeDtypeStruct was given, directly or in a NamedSharding;
+    None without one. Read from what it was given: a struct made with a bare
+    PartitionSpec answers ``.sharding`` only under a concrete context mesh, which a
+    client has none of."""
+    given = getattr(x, "_sharding", None)
+    if isinstance(given, NamedSharding):
+        return given.spec
+    if isinstance(given, PartitionSpec) or given is None:
+        return given
+    raise TypeError(
+        f"a jax.ShapeDtypeStruct{list(x.shape)} is given sharding {given!r}; give a "
+        "PartitionSpec over the slice's mesh, a NamedSharding, or none (replicated)"
+    )
+
+
+def _abstract_leaf(x: Any, vs: VirtualSlice | None = None) -> Any:
     from pathways_nb.client._remote import RemoteArray
 
     if isinstance(x, RemoteArray):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     if isinstance(x, jax.ShapeDtypeStruct):
-        return x
+        spec = getattr(x, "_sharding", None)
+        if not isinstance(spec, PartitionSpec):
+            return x
+        if vs is None:
+            raise ValueError(
+                f"a jax.ShapeDtypeStruct{list(x.shape)} with sharding={spec} names axes of "
+                "a mesh, and this function has no slice yet: pin it (pw.jit(f, slice=vs)), "
+                "or give sharding=NamedSharding(vs.abstract_mesh, spec)"
+            )
+        vs.check_spec(spec, tuple(x.shape))
+        return jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(vs.abstract_mesh, spec), weak_type=x.weak_type
+        )
     if type(x) in (int, float, complex):
         # Typed as jax.jit types a Python number, and as a call puts one: weakly.
         return jax.ShapeDtypeStruct((), jax.dtypes.canonicalize_dtype(type(x)), weak_type=True)

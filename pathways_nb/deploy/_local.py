@@ -22,7 +22,9 @@ import time
 import warnings
 from typing import Any
 
-from pathways_nb._core import BrokenError, ClosedError, Config
+import psutil
+
+from pathways_nb._core import BrokenError, ClosedError, Config, ResourceExhaustedError
 from pathways_nb.deploy._accelerators import island_envs, spare_the_hosts_gpus
 from pathways_nb.deploy._security import cluster_security, command_options, write_client_files
 from pathways_nb.deploy._watch import CLUSTER_DIR_ENV, PARENT_ENV
@@ -61,6 +63,43 @@ def _dask_tuning(env: dict[str, str]) -> dict[str, str]:
         if current is None or parse_timedelta(current) == parse_timedelta(stock):
             out[name] = ours
     return out
+
+
+# A LocalCluster starts one host process (and its nanny) per island on this machine.
+MAX_ISLANDS = 64
+MAX_SIMULATED_DEVICES = 1024
+# What a host and its nanny hold once JAX is loaded and a program has run (measured:
+# ~250 MiB and ~60 MiB), before any arrays.
+_HOST_BYTES = 320 << 20
+
+
+def _check_size(islands: int, devices: int, platform: str | None) -> None:
+    """Refuse a cluster this machine cannot start, before any process starts."""
+    for label, value in (("islands", islands), ("devices_per_island", devices)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{label} must be a positive integer; got {value!r}")
+    elsewhere = (
+        "for more, run hosts on other machines (dask worker --preload "
+        "pathways_nb.deploy.worker; see the README)"
+    )
+    if islands > MAX_ISLANDS:
+        raise ValueError(
+            f"a LocalCluster starts one host process per island on this machine, up to "
+            f"{MAX_ISLANDS}; got islands={islands}: {elsewhere}"
+        )
+    if platform == "cpu" and devices > MAX_SIMULATED_DEVICES:
+        raise ValueError(
+            f"devices_per_island is at most {MAX_SIMULATED_DEVICES} simulated CPU devices "
+            f"per host; got {devices}"
+        )
+    available = psutil.virtual_memory().available
+    if islands * _HOST_BYTES > available:
+        raise ResourceExhaustedError(
+            f"islands={islands} starts {islands} host processes of about "
+            f"{_HOST_BYTES / 2**30:.2f} GiB each ({islands * _HOST_BYTES / 2**30:.1f} GiB) "
+            f"before any array, and this machine has {available / 2**30:.1f} GiB available: "
+            f"ask for fewer islands, or {elsewhere}"
+        )
 
 
 def _check_listenable(host: str, port: int) -> None:
@@ -147,9 +186,7 @@ class LocalCluster:
         port: int = 0,
         security: Any = None,
     ) -> None:
-        for label, value in (("islands", islands), ("devices_per_island", devices_per_island)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{label} must be a positive integer; got {value!r}")
+        _check_size(islands, devices_per_island, platform)
         if not isinstance(host, str) or not host or host in ("0.0.0.0", "::"):
             raise ValueError(
                 "host is the address this machine's processes listen on and others reach "
