@@ -154,6 +154,11 @@ def test_failures_are_readable(client: pw.Client, tmp_path: Path) -> None:
     ):
         pw.restore(tmp_path / "missing", {"w": w})
     pw.save(tmp_path / "ok", {"w": w})
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "w.npy").write_bytes(b"not an array")
+    with pytest.raises(pw.RemoteError, match=r"w\.npy is not a NumPy \.npy file") as info:
+        pw.restore(tmp_path / "junk", {"w": w})
+    assert "allow_pickle" not in str(info.value)  # NumPy's advice to load it unsafely
     wrong = {"w": vs.put(np.ones((2, 2), np.float32))}
     with pytest.raises(
         pw.RemoteError, match=r"holds float32\[4\], where the array to restore is float32\[2, 2\]"

@@ -235,6 +235,11 @@ def test_allocate_errors_say_what_is_free(client: pw.Client) -> None:
         vs.put(np.ones(3), P("data"))
     with pytest.raises(ValueError, match="rank 1: give at most one entry per dimension"):
         vs.put(np.ones(4), P("data", None))
+    odd = vs.put(np.ones(3))
+    for given, which in (("in_shardings", "input"), ("out_shardings", "output")):
+        f = pw.jit(lambda a: a * 2, **{given: P("data")})  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=rf"{given} for {which} 0 \(float32\[3\]\): .*evenly"):
+            f(odd)
 
 
 def test_no_slice_is_a_clear_error(cluster: pw.InProcessCluster) -> None:

@@ -208,6 +208,12 @@ def test_a_closed_clients_slices_read_released(cluster: pw.InProcessCluster) -> 
     for use in (lambda: vs.put(np.ones(2)), vs.wait_active, vs.check_active):
         with pytest.raises(pw.ClosedError, match="this client was closed"):
             use()
+    # Its arrays, given to another client, say the same.
+    with cluster.client() as other:
+        there = other.allocate({"data": 2})
+        for use in (lambda: there.put(x), lambda: pw.jit(lambda v: v, slice=there)(x)):
+            with pytest.raises(pw.ClosedError, match="belongs to a client that was closed"):
+                use()
 
 
 def test_typed_keys_count_their_bytes_as_jax_does(vs: pw.VirtualSlice) -> None:

@@ -504,6 +504,15 @@ def test_a_stage_constraining_the_rows_reduce_grads_step_splits_is_told_why(
     assert any("takes reduce_grads='microbatch'" in note for note in info.value.__notes__)
 
 
+def test_a_pipeline_over_two_clients_slices_is_refused_when_built() -> None:
+    with pw.InProcessCluster(islands=2, devices_per_island=1) as cluster:
+        one, other = cluster.client(), cluster.client()
+        a, b = one.allocate({"data": 1}), other.allocate({"data": 1})
+        with pytest.raises(ValueError, match=r"slices\[1\] belong to another pw.Client"):
+            pw.pipeline([layer, head], [a, b], mse, optax.sgd(0.1))
+        assert one.pending() == other.pending() == 0  # nothing was launched
+
+
 def test_pipeline_arguments_of_the_wrong_kind_are_named(slices: list[pw.VirtualSlice]) -> None:
     stages = [layer, layer, layer, head]
     opt = optax.sgd(0.1)

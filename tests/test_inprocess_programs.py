@@ -136,6 +136,22 @@ def test_64_bit_types_in_a_context_hold_on_in_process_hosts(client: pw.Client) -
     b.release()
 
 
+def test_a_64_bit_array_used_without_64_bit_types_says_how_to_convert_it(
+    client: pw.Client,
+) -> None:
+    vs = client.allocate({"data": 2})
+    with jax.enable_x64(True):
+        x = vs.put(np.arange(4.0), P("data"))
+    # The host holds float64, which a program traced without x64 cannot take.
+    for call in (lambda: pw.jit(lambda a: a * 2)(x), lambda: x + 1):
+        with pytest.raises(TypeError, match=r"input 0 is float64\[4\], made while jax_enable_x64"):
+            call()
+    with jax.enable_x64(True):
+        y = x.astype(np.float32)  # as the message says
+    np.testing.assert_array_equal(pw.jit(lambda a: a * 2)(y).fetch(), np.arange(4.0) * 2)
+    vs.release()
+
+
 def test_put_refuses_what_no_program_could_take(client: pw.Client) -> None:
     vs = client.allocate({"data": 2})
     with pytest.raises(TypeError, match=r"sub-byte dtypes such as int4.*as int8"):

@@ -276,6 +276,12 @@ def test_devices_and_shards_are_those_of_the_same_jax_array(client: pw.Client) -
     np.testing.assert_array_equal(relaid.fetch(), x)
     with pytest.raises(TypeError, match="VirtualSlice, or a NamedSharding"):
         r.to_device(jax.devices()[0])
+    other.release()
+    named = client.allocate({"x": 4})
+    with pytest.raises(ValueError, match=r"has axes \['x'\]: .* such as vs.put\(x, P\(\)\)"):
+        r.to_device(named)
+    np.testing.assert_array_equal(named.put(r, P()).fetch(), x)  # as the message says
+    named.release()
     with pytest.raises(NotImplementedError, match="flatten"):
         _ = r.flat
     np.testing.assert_array_equal(r.byteswap().fetch(), x.byteswap())
@@ -454,6 +460,8 @@ def test_jax_outside_pw_jit_refuses_a_remote_array_without_fetching_it() -> None
             "jax.jit": lambda: jax.jit(lambda v: v + 1)(y),
             "jnp.sin": lambda: jnp.sin(y),
             "jax.device_put": lambda: jax.device_put(y),
+            "jnp.add": lambda: jnp.add(y, np.ones(4, np.float32)),  # checked array-like first
+            "jnp.asarray": lambda: jnp.asarray(y),
         }
         for what, call in calls.items():
             with pytest.raises(ValueError) as info:

@@ -88,6 +88,19 @@ def export_program(
     out_holder: list[Any] = []
     float0_holder: list[tuple[tuple[int, tuple[int, ...]], ...]] = []
     in_specs = self._leaf_specs(treedef)
+    for i, a in enumerate(avals):
+        if (
+            not jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)
+            and jax.dtypes.canonicalize_dtype(a.dtype) != a.dtype
+        ):
+            raise TypeError(
+                _NOT_CANONICAL.format(
+                    name=self.name,
+                    i=i,
+                    a=_aval_text(a),
+                    to=np.dtype(jax.dtypes.canonicalize_dtype(a.dtype)).name,
+                )
+            )
     for what, given in (("in_shardings", in_specs), ("out_shardings", [user_out])):
         for spec in jax.tree.leaves(given, is_leaf=_is_spec_leaf):
             if isinstance(spec, PartitionSpec):
@@ -103,8 +116,7 @@ def export_program(
                 vs.check_spec(spec, avals[i].shape)
             except ValueError as exc:
                 raise ValueError(
-                    f"{self.name}: in_shardings for input {i} ({_aval_text(avals[i])}): "
-                    f"{exc}; pad the array to a multiple, or shard another dimension"
+                    f"{self.name}: in_shardings for input {i} ({_aval_text(avals[i])}): {exc}"
                 ) from None
 
     def flat(*leaves: Any) -> list[Any]:
@@ -147,10 +159,11 @@ def export_program(
     try:
         out_sh: Any = None
         if user_out is not None:
-            jax.eval_shape(flat, *avals)  # learn the output tree
+            shapes = jax.eval_shape(flat, *avals)  # learn the output tree
             wanted = _broadcast_specs(user_out, out_holder[-1])
             dropped = {i for i, _ in float0_holder[-1]}
             wanted = [s for i, s in enumerate(wanted) if i not in dropped]
+            _check_out_specs(self.name, vs, shapes, wanted)
             if any(s is not None for s in wanted):
                 out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
         exp = exported(out_sh)
@@ -209,6 +222,29 @@ def export_program(
         compiler_options=self.compiler_options,
         axis_types=axis_types,
     )
+
+
+_NOT_CANONICAL = (
+    "{name}: input {i} is {a}, made while jax_enable_x64 was on; with it off now, JAX has "
+    "no such type. Turn it on again (jax.config.update('jax_enable_x64', True)) to use "
+    "the array, or convert it while it is on: with jax.enable_x64(True): "
+    "x = x.astype(np.{to})"
+)
+
+
+def _check_out_specs(
+    name: str, vs: VirtualSlice, shapes: list[Any], wanted: list[PartitionSpec | None]
+) -> None:
+    """Refuse an out_sharding that does not split its output evenly, as in_shardings
+    are, before JAX says so of an abstract mesh."""
+    for i, (a, spec) in enumerate(zip(shapes, wanted, strict=True)):
+        if spec is not None and a.ndim:
+            try:
+                vs.check_spec(spec, tuple(a.shape))
+            except ValueError as exc:
+                raise ValueError(
+                    f"{name}: out_shardings for output {i} ({_aval_text(a)}): {exc}"
+                ) from None
 
 
 _CALLBACK = (

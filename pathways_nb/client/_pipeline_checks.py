@@ -86,6 +86,13 @@ def check_arguments(
         )
     if len(stages) != len(slices):
         raise ValueError(f"one slice per stage: got {len(stages)} stages and {len(slices)} slices")
+    others = [i for i, vs in enumerate(slices) if vs._client is not slices[0]._client]
+    if others:
+        raise ValueError(
+            f"a pipeline's slices are one client's, as its arrays move between them; "
+            f"slices{others} belong to another pw.Client than slices[0]: allocate every "
+            "stage's slice from the same client"
+        )
     if not callable(loss_fn):
         raise TypeError(
             f"loss_fn is a function loss_fn(output, y) -> scalar; got {type(loss_fn).__name__}"

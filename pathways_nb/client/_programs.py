@@ -223,6 +223,11 @@ class ProgramCalls:
     def _check_movable(self, x: RemoteArray) -> None:
         """Raise unless ``x`` (usable) can leave its slice for another of this client's:
         its slice is live and it is this client's array."""
+        if x._client.closed:
+            raise ClosedError(
+                f"{x!r} belongs to a client that was closed, and went with it; put its value "
+                "through an open client (pw.Client) to use it there"
+            )
         if x.slice.state == "released":
             raise ClosedError(
                 f"{x!r} lives on slice {x.slice.name!r}, which was released: its arrays went "

@@ -84,6 +84,14 @@ class Placement:
         if stream is not None:
             raise ValueError(f"to_device takes no stream (got {stream!r}): hosts order copies")
         if isinstance(device, VirtualSlice):
+            try:
+                device.check_axes(self.spec)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{exc}: {self.spec} is this array's layout on slice "
+                    f"{self.slice.name!r}; give one over the new slice's axes with put, "
+                    "such as vs.put(x, P()) to replicate it there"
+                ) from None
             return device.put(self, self.spec)
         if isinstance(device, NamedSharding) and dict(device.mesh.shape) == dict(
             self.sharding.mesh.shape

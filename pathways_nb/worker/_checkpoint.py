@@ -309,6 +309,9 @@ def write_array(path: str, arr: np.ndarray) -> None:
         raise
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def read(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """The array in the ``.npy`` file at ``path``, which must hold ``shape`` and
     ``dtype`` (or raw bytes of ``dtype``'s size, as :func:`write` stores JAX's own
@@ -316,6 +319,14 @@ def read(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     # Mapped first: a file of another shape is refused before its bytes are read. The
     # value is then copied into memory of the host's own, never left aliasing the file
     # (a file rewritten in place under a mapped array would crash the host).
+    with open(path, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head != _NPY_MAGIC:
+        # NumPy takes any other file for a pickle, and suggests loading it unsafely.
+        raise ValueError(
+            f"{path} is not a NumPy .npy file (it begins {head!r}): restore from a folder "
+            "pw.save wrote, whose files np.save's format holds"
+        )
     mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     found = mapped.dtype
     if found != dtype and found.kind == "V" and found.itemsize == dtype.itemsize:
