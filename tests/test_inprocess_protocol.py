@@ -337,6 +337,15 @@ def test_status_rows_match_its_frames_and_event_rows_page_the_log(client: pw.Cli
         client.event_rows(-1)
     with pytest.raises(TypeError, match=r"after is a cursor.*got '3'"):
         client.event_rows("3")  # type: ignore[arg-type]
+    # The same of events(after=), and of a cursor past what the wire carries.
+    for bad in (-1, "5", 1.5, 10**20):
+        with pytest.raises(TypeError, match=rf"after is a cursor.*got {bad!r}"):
+            client.events(after=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"after is a cursor.*got 100000000000000000000"):
+        client.event_rows(10**20)
+    with pytest.raises(TypeError, match=r"all_tenants is True or False; got 'no'"):
+        client.events(all_tenants="no")  # type: ignore[arg-type]
+    assert client.event_rows(cursor).rows == []  # the client serves on
 
 
 def test_lost_host_turns_arrays_into_data_loss(cluster: pw.InProcessCluster) -> None:

@@ -537,19 +537,19 @@ class Client(ArrayIO):
         >>> rows, cursor = client.event_rows(0, since=time.time() - 10)
         >>> rows, cursor = client.event_rows(cursor)   # later: only the new ones
         """
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise TypeError(f"after is a cursor (0, or the next of an earlier call); got {after!r}")
         h = self._events_reply(since, all_tenants, after)
         return EventRows(h["events"], int(h["next"]))
 
     def _events_reply(self, since: Any, all_tenants: bool, after: int | None) -> Any:
-        header: dict[str, Any] = {
-            "t": "events",
-            "since": epoch_seconds(since),
-            "all": bool(all_tenants),
-        }
+        if after is not None and (
+            isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63
+        ):
+            raise TypeError(f"after is a cursor (0, or the next of an earlier call); got {after!r}")
+        if not isinstance(all_tenants, bool):
+            raise TypeError(f"all_tenants is True or False; got {all_tenants!r}")
+        header = {"t": "events", "since": epoch_seconds(since), "all": all_tenants}
         if after is not None:
-            header["after"] = int(after)
+            header["after"] = after
         return self._ask(header)
 
     def events(self, since: Any = 0.0, all_tenants: bool = False, after: int | None = None) -> Any:
