@@ -121,8 +121,7 @@ def test_it_takes_its_turn_on_the_island_so_a_donation_after_it_waits(
     x = vs.put(np.ones((8, 4), np.float32), P("x"))
     held = pw.colocated(_held, out=lambda v: v)
     bump = pw.jit(lambda v: v * 10, donate_argnums=0)
-    # Each run once before: the function's second call is the one the host knows, and
-    # bump's first asks the host for its layouts, which would wait behind the function.
+    # Each run once before: the function's second call is the one the host knows.
     _RELEASE.set()
     held(x).block_until_ready()
     bump(vs.put(np.ones((8, 4), np.float32), P("x"))).block_until_ready()
@@ -138,10 +137,15 @@ def test_it_takes_its_turn_on_the_island_so_a_donation_after_it_waits(
         # ...while its host still answers: a put there, and its fetch.
         w = vs.put(np.zeros(4, np.float32), P())
         np.testing.assert_array_equal(w.fetch(), np.zeros(4))
+        # A new function's first call asks the host for the layouts its compile picks,
+        # as jax.jit's first call compiles: answered now, not once the island is free.
+        fresh = pw.jit(lambda v: v - 1.0)(w)
+        assert not y.is_ready() and not fresh.is_ready()
     finally:
         _RELEASE.set()
     np.testing.assert_array_equal(y.fetch(), np.full((8, 4), 2.0))
     np.testing.assert_array_equal(z.fetch(), np.full((8, 4), 10.0))
+    np.testing.assert_array_equal(fresh.fetch(), np.full(4, -1.0))
 
 
 def test_jax_programs_inside_run_in_the_islands_order(vs: pw.VirtualSlice) -> None:

@@ -38,9 +38,4 @@ def refuse_in_jax(cls: type) -> bool:
     if not isinstance(table, dict):
         return False
     table[cls] = _refuse
-    # jax.numpy's functions first check that each argument is array-like, which a class
-    # is by having __jax_array__: listed here too, jnp.add(x, y) then says what
-    # jnp.sum(x) says, where it said "add requires ndarray or scalar arguments" (and
-    # jnp.asarray, which calls the method itself, hears the same).
-    cls.__jax_array__ = _refuse  # type: ignore[attr-defined]
     return True

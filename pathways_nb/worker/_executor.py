@@ -10,6 +10,7 @@ it to the completion thread after draining; both are joined.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -131,6 +132,7 @@ class Executor:
         for t in self._threads:
             t.join()
         self._threads = []
+        self.programs.close()
 
     def submit(self, kind: str, body: Any) -> None:
         """Queue a work item; called by the host's socket thread.
@@ -143,6 +145,11 @@ class Executor:
         """
         if kind == "run":
             self.completions.received += 1
+        elif kind == "program":
+            body = self.programs.add_soon(*body)  # waited for in the island's order
+        elif kind == "probe":
+            self.programs.probe_soon(body, self._send)
+            return
         with self._cv:
             inline = not self._pending and not self._busy
             if inline:
@@ -450,8 +457,8 @@ class Executor:
         if self.on_noted is not None:
             self.on_noted(int(body["handle"]))
 
-    def _do_program(self, body: Any) -> None:
-        self.programs.add(*body)
+    def _do_program(self, added: concurrent.futures.Future[None]) -> None:
+        added.result()
 
     def _do_forget(self, pids: list[str]) -> None:
         """No tenant uses these programs any more: their executables and plans go too."""
@@ -473,9 +480,6 @@ class Executor:
         for h in handles:
             if self.store.get(h) is None:
                 self.store.fail(h, e)
-
-    def _do_probe(self, h: dict[str, Any]) -> None:
-        self._send(self.programs.probe_reply(h))
 
     def _run_planned(
         self, h: dict[str, Any], plan: _Plan, entries: list[Entry], t0: float | None = None

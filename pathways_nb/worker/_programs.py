@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -21,6 +24,7 @@ from pathways_nb._core import RemoteError, decode_spec, encode_spec
 from pathways_nb.worker._errors import to_remote
 from pathways_nb.worker._python import Colocated
 from pathways_nb.worker._python import load as load_python
+from pathways_nb.worker._threads import as_host
 
 log = logging.getLogger("pathways_nb.worker")
 
@@ -55,8 +59,14 @@ class Program:
 
 
 class Programs:
-    """The host's programs, meshes and compiled executables; used by one thread at a time
-    (the executor's, or the socket thread for puts and transfers, which only ask for meshes)."""
+    """The host's programs, meshes and compiled executables.
+
+    The dispatch thread launches them; programs are deserialized, and probes compiled
+    and answered, on a thread of their own (:meth:`add_soon`, :meth:`probe_soon`), so a
+    client's first call of a new function, which waits for the probe as ``jax.jit``'s
+    first call waits for its compile, does not also wait behind the island's running
+    work (a long colocated function, a queue of launches). The socket thread asks only
+    for meshes. A compile is done once, by whichever thread asks first."""
 
     def __init__(
         self,
@@ -76,6 +86,9 @@ class Programs:
         self._executables: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
         self.max_executables = max_executables
         self._meshes: dict[tuple[Any, ...], Mesh] = {}
+        self._lock = threading.Lock()
+        self._compiling: dict[tuple[Any, ...], concurrent.futures.Future[Any]] = {}
+        self._side: concurrent.futures.ThreadPoolExecutor | None = None
         self.compiles = 0
         # Called after each compile: XLA starts its compiler threads on the first one.
         self.after_compile: Callable[[], object] | None = None
@@ -94,6 +107,31 @@ class Programs:
     def name(self, pid: str) -> str:
         prog = self._programs.get(pid)
         return prog.name if prog is not None else pid
+
+    def add_soon(self, *args: Any) -> concurrent.futures.Future[None]:
+        """:meth:`add` on the programs' own thread; the dispatch thread waits for it where
+        the program's message sits among the island's work, so launches after it find it."""
+        return self._on_side(functools.partial(self.add, *args))
+
+    def probe_soon(self, h: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
+        """Answer the probe ``h`` with ``send`` from the programs' own thread, after the
+        programs that came before it are added."""
+        self._on_side(lambda: send(self.probe_reply(h)))
+
+    def _on_side(self, fn: Callable[[], None]) -> concurrent.futures.Future[None]:
+        with self._lock:
+            if self._side is None:
+                self._side = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"pw-programs-{self.host}"
+                )
+            return self._side.submit(as_host(fn))
+
+    def close(self) -> None:
+        """Stop the programs' thread once what it was given is done; safe twice."""
+        with self._lock:
+            side, self._side = self._side, None
+        if side is not None:
+            side.shutdown(wait=True)
 
     def add(
         self,
@@ -144,11 +182,12 @@ class Programs:
 
     def forget(self, pids: set[str]) -> None:
         """Drop these programs and every executable compiled from them."""
-        for pid in pids:
-            self._programs.pop(pid, None)
-            self._bad_programs.pop(pid, None)
-        for key in [k for k in self._executables if k[0] in pids]:
-            del self._executables[key]
+        with self._lock:
+            for pid in pids:
+                self._programs.pop(pid, None)
+                self._bad_programs.pop(pid, None)
+            for key in [k for k in self._executables if k[0] in pids]:
+                del self._executables[key]
 
     def mesh(self, devices: Sequence[int], mesh: Sequence[Sequence[Any]]) -> Mesh:
         key = (tuple(devices), tuple((str(a), int(n)) for a, n in mesh))
@@ -171,18 +210,34 @@ class Programs:
 
     def executable(self, pid: str, mesh: Mesh, donate: tuple[int, ...]) -> Any:
         key = (pid, id(mesh), donate)
-        fn = self._executables.get(key)
-        if fn is not None:
-            self._executables.move_to_end(key)
-            return fn
-        prog = self.program(pid)
-        if prog.python is not None:
-            fn = prog.python.bind(mesh)
-        else:
-            fn = self._compile(prog, mesh, donate)
-        self._executables[key] = fn
-        if len(self._executables) > self.max_executables:
-            self._executables.popitem(last=False)
+        with self._lock:
+            fn = self._executables.get(key)
+            if fn is not None:
+                self._executables.move_to_end(key)
+                return fn
+            compiling = self._compiling.get(key)
+            mine = compiling is None
+            if compiling is None:
+                compiling = self._compiling[key] = concurrent.futures.Future()
+        if not mine:
+            return compiling.result()  # the other thread's compile, or its error
+        try:
+            prog = self.program(pid)
+            if prog.python is not None:
+                fn = prog.python.bind(mesh)
+            else:
+                fn = self._compile(prog, mesh, donate)
+        except BaseException as exc:
+            with self._lock:
+                del self._compiling[key]
+            compiling.set_exception(exc)
+            raise
+        with self._lock:
+            del self._compiling[key]
+            self._executables[key] = fn
+            if len(self._executables) > self.max_executables:
+                self._executables.popitem(last=False)
+        compiling.set_result(fn)
         return fn
 
     def _compile(self, prog: Program, mesh: Mesh, donate: tuple[int, ...]) -> Any:
@@ -219,7 +274,8 @@ class Programs:
             for a, s in zip(exp.in_avals, in_sh, strict=True)
         ]
         fn = jitted.lower(*avals).compile(prog.options or None)
-        self.compiles += 1
+        with self._lock:
+            self.compiles += 1
         if self.after_compile is not None:
             self.after_compile()
         return fn

@@ -220,6 +220,39 @@ def test_a_host_keeps_a_bounded_number_of_executables_least_recently_used_first(
     assert (programs.executables, programs.compiles) == (2, 4)
 
 
+def test_programs_come_and_probes_compile_on_a_thread_of_their_own_once() -> None:
+    """A probe (a client's first call) is compiled off the dispatch thread, which may be
+    busy: a launch of the same program that asks meanwhile waits for that compile, and
+    a failed compile fails both."""
+    import threading
+
+    from pathways_nb.worker._programs import Programs
+
+    devices = jax.devices()[:DEVICES]
+    sharding = NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+    programs = Programs("h", devices)
+    aval = jax.ShapeDtypeStruct((8,), np.float32, sharding=sharding)
+    # Flat outputs, as pw.jit exports them.
+    exp = export.export(jax.jit(lambda x: [x + 1], out_shardings=[sharding]))(aval)
+    programs.add_soon("p", "inc", exp.serialize()).result(30)
+    mesh = programs.mesh(range(DEVICES), [["x", DEVICES]])
+    replies: list[dict[str, Any]] = []
+    got: list[Any] = []
+    asked = threading.Thread(target=lambda: got.append(programs.executable("p", mesh, ())))
+    programs.probe_soon(
+        {"rid": 1, "pid": "p", "devices": list(range(DEVICES)), "mesh": [["x", DEVICES]]},
+        replies.append,
+    )
+    asked.start()
+    asked.join(30)
+    programs.close()
+    programs.close()  # safe twice
+    assert replies == [{"t": "host_reply", "rid": 1, "out_specs": [["x"]]}]
+    assert programs.compiles == 1 and programs.executables == 1
+    x = jax.device_put(np.arange(8, dtype=np.float32), sharding)
+    np.testing.assert_array_equal(np.asarray(got[0](x)[0]), np.arange(8) + 1)
+
+
 def test_a_program_with_float0_outputs_fails_its_launches_and_the_host_serves_on(
     host: _Host,
 ) -> None:
