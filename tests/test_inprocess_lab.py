@@ -4,10 +4,13 @@ tests/browser/test_panel.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ import pytest
 import pathways_nb as pw
 from pathways_nb.lab import lab_arguments
 from pathways_nb.lab._boards import Board, Boards, Found, check_address, local_clusters
+from pathways_nb.lab._handlers import board_snapshot
 
 
 def test_a_board_shows_status_placement_and_timeline(
@@ -92,6 +96,126 @@ def test_addresses_the_panel_accepts(given: str, expected: str) -> None:
 def test_addresses_the_panel_refuses_say_what_it_takes(given: object) -> None:
     with pytest.raises(ValueError, match=r"tcp://"):
         check_address(given)
+
+
+# Superscript two, Arabic-Indic 123 and fullwidth 8786: str.isdigit() takes them all.
+@pytest.mark.parametrize(
+    "port",
+    ["99999999", "65536", "0", "00", "\u00b2", "\u0661\u0662\u0663", "\uff18\uff17\uff18\uff16"],
+)
+def test_a_port_the_panel_refuses_is_named_with_the_range_it_takes(port: str) -> None:
+    with pytest.raises(ValueError, match=rf"from 1 to 65535 in ASCII digits.*got port '{port}'"):
+        check_address(f"tcp://127.0.0.1:{port}")
+
+
+def test_ports_at_the_ends_of_the_range_are_accepted() -> None:
+    assert check_address("127.0.0.1:1") == "tcp://127.0.0.1:1"
+    assert check_address("tls://[::1]:65535") == "tls://[::1]:65535"
+
+
+GOOD = "tcp://127.0.0.1:8786"
+
+
+class _Stuck:
+    """A connect that never answers until released, as an address that accepts TCP and
+    says nothing does for the client's timeout."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.waiting = threading.Semaphore(0)
+
+    def __call__(self, found: Found) -> pw.Client:
+        self.waiting.release()
+        self.release.wait(60)
+        raise TimeoutError(f"nothing answered at {found.address}")
+
+
+def test_boards_that_never_answer_do_not_hold_up_another_board(
+    cluster: pw.InProcessCluster,
+) -> None:
+    stuck = _Stuck()
+    panels: list[pw.Client] = []
+
+    def connect(found: Found) -> pw.Client:
+        if found.address != GOOD:
+            return stuck(found)
+        panels.append(cluster.client(name="JupyterLab", observer=True))
+        return panels[-1]
+
+    boards = Boards(connect=connect)
+    shared = ThreadPoolExecutor(max_workers=2)  # as few as the server's handlers share
+
+    async def polls() -> None:
+        bad = [
+            asyncio.ensure_future(board_snapshot(lambda: boards, f"127.0.0.{i}:9", shared))
+            for i in (2, 3)
+        ]
+        for _ in bad:  # both are connecting, and will not get an answer
+            await asyncio.get_running_loop().run_in_executor(None, stuck.waiting.acquire)
+        snap, status = await board_snapshot(lambda: boards, GOOD, shared)
+        assert status == 200 and "error" not in snap, snap
+        assert not any(b.done() for b in bad) and not stuck.release.is_set()
+        stuck.release.set()
+        for b in bad:
+            snap, status = await b
+            assert status == 200 and "TimeoutError: nothing answered" in snap["error"]
+        snap, status = await board_snapshot(lambda: boards, "127.0.0.1:٩", shared)
+        assert status == 400 and "got port '٩'" in snap["error"]
+
+    try:
+        asyncio.run(polls())
+    finally:
+        stuck.release.set()
+        boards.close()
+        shared.shutdown()
+        for c in panels:
+            c.close()
+
+
+def test_looking_up_other_addresses_keeps_a_connected_boards_client(
+    cluster: pw.InProcessCluster,
+) -> None:
+    panels: list[pw.Client] = []
+
+    def connect(found: Found) -> pw.Client:
+        if found.address.endswith(":1"):
+            raise ConnectionRefusedError(f"nothing listens at {found.address}")
+        panels.append(cluster.client(name="JupyterLab", observer=True))
+        return panels[-1]
+
+    boards = Boards(connect=connect, max_boards=2)
+    try:
+        good = boards.board(GOOD)
+        assert "error" not in good.snapshot()
+        for i in range(2, 6):  # addresses typed by mistake, looked at once or not at all
+            other = boards.board(f"tcp://127.0.0.{i}:1")
+            if i % 2:
+                assert "ConnectionRefusedError" in other.submit().result()["error"]
+        assert boards.board(GOOD) is good and good.connected and not panels[0].closed
+        # Past max_boards connected ones, the board unused longest closes its client.
+        second = boards.board("tcp://127.0.0.9:8786")
+        assert "error" not in second.submit().result()
+        boards.board("tcp://127.0.0.10:8786").submit().result()
+        assert boards.board(GOOD) is not good
+        good.close(wait=True)  # already closed: this waits for its thread to finish
+        assert panels[0].closed and "closed its board" in good.snapshot()["error"]
+    finally:
+        boards.close()
+        for c in panels:
+            c.close()
+
+
+def test_closing_a_board_waits_for_no_refresh_in_progress() -> None:
+    stuck = _Stuck()
+    board = Board(Found("tcp://127.0.0.1:9", "given"), stuck)
+    pending = board.submit()
+    stuck.waiting.acquire()  # connecting, and no answer comes
+    board.close()  # returns at once; the refresh in progress keeps the board's thread
+    board.close()
+    assert not pending.done()
+    assert "closed its board" in board.submit().result()["error"]
+    stuck.release.set()
+    assert "TimeoutError" in pending.result(timeout=30)["error"]
 
 
 def test_local_clusters_are_found_by_their_scheduler_files(tmp_path: Path) -> None:

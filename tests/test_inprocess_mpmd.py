@@ -286,6 +286,70 @@ def test_the_dataflow_graph_is_built_from_shapes_and_nothing_runs(client: pw.Cli
         g.annotate()
 
 
+def _drawn_labels(dot: str) -> list[str]:
+    r"""Each ``label`` of DOT source as Graphviz draws it, refusing anything it would not
+    draw literally: an HTML-like ``<...>`` label, an unbalanced quote, or an escape
+    other than ``\\``, ``\"`` and ``\n`` (Graphviz expands ``\N``, ``\G``, ``\l``...)."""
+    tokens = re.findall(r'"(?:[^"\\]|\\.)*"|[^\s"=\[\];,{}<>]+|\S', dot, re.S)
+    assert '"' not in tokens, f"an unbalanced quote in\n{dot}"
+
+    def unescape(m: re.Match[str]) -> str:
+        assert m.group(1) in '\\"n', f"Graphviz would expand \\{m.group(1)} in\n{dot}"
+        return "\n" if m.group(1) == "n" else m.group(1)
+
+    labels = []
+    for i, tok in enumerate(tokens[:-2]):
+        if tok == "label" and tokens[i + 1] == "=":
+            value = tokens[i + 2]
+            assert value != "<", f"an HTML-like label in\n{dot}"
+            if value.startswith('"'):
+                # Graphviz decodes entities in labels: a literal & is written &amp;.
+                value = html.unescape(re.sub(r"\\(.)", unescape, value[1:-1], flags=re.S))
+            else:
+                assert re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*|-?[0-9.]+", value), value
+            labels.append(value)
+    return labels
+
+
+@pytest.mark.parametrize(
+    ("slice_name", "program"),
+    [
+        ("s", None),  # the default name: <lambda>
+        ("\\N\\G", "\\N\\G"),
+        ("end\\", "end\\"),
+        ("a&amp;b", "a&lt;b&gt;"),
+        ("b", "<b>bold</b>"),
+        ("t", '<<table><tr><td href="javascript:alert(1)">x</td></tr></table>>'),
+        ('q"\\', 'x\\"]; n9 [label="pwned'),
+        ("two\nlines", "\\l\\E\\T\\H\\L"),
+    ],
+)
+def test_the_dot_source_draws_every_name_as_written(
+    client: pw.Client, slice_name: str, program: str | None
+) -> None:
+    a = client.allocate({"x": 2}, name=slice_name)
+    try:
+        f = pw.jit(lambda v: jnp.tanh(v), slice=a, name=program)
+        x = a.put(np.ones((4, 4), np.float32), P("x"))
+        g = client.graph(lambda v: f(v), x)
+        dot = g.to_dot()
+        cluster, put, node, edge = _drawn_labels(dot)
+        assert cluster == f"slice {slice_name} ({a.island})"
+        assert (put, node) == ("input", program or "<lambda>")
+        assert edge == "float32[4, 4] P('x',)"
+        assert len(re.findall(r"^\s*n\d+ \[", dot, re.M)) == 2 and dot.count("->") == 1
+    finally:
+        a.release()
+
+
+def test_the_graph_of_a_named_pw_jit_is_titled_by_its_name(client: pw.Client) -> None:
+    a = client.allocate({"x": 2})
+    inc = pw.jit(lambda v: v + 1.0, slice=a, name="inc")
+    g = client.graph(inc, a.put(np.ones(4, np.float32), P("x")))
+    assert g.name == "inc" and "DataflowGraph 'inc'" in repr(g)
+    assert g.to_dot().startswith("digraph inc")
+
+
 def test_a_recorded_step_is_annotated_with_times_from_the_event_log(client: pw.Client) -> None:
     a = client.allocate({"x": 2})
     b = client.allocate({"x": 2})

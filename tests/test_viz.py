@@ -47,6 +47,29 @@ def test_a_timeline_window_must_be_positive(ran: pw.Client) -> None:
             TimelineWidget(ran, last=last, live=False)  # type: ignore[arg-type]
 
 
+def test_a_timeline_draws_at_least_one_row(ran: pw.Client) -> None:
+    for rows in (0, -5):
+        with pytest.raises(ValueError, match=rf"max_rows .* 1 or more .*; got {rows}$"):
+            TimelineWidget(ran, live=False, max_rows=rows)
+    for rows in ("x", 2.5, True):
+        with pytest.raises(TypeError, match=rf"max_rows .* whole number .*; got \w+ {rows!r}$"):
+            TimelineWidget(ran, live=False, max_rows=rows)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("widget", [TimelineWidget, StatusWidget, DevicesWidget])
+def test_a_widget_given_an_address_instead_of_a_client_says_what_it_takes(
+    ran: pw.Client, widget: Any
+) -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"shows a pw.Client's cluster; got str 'tcp://x:1'\. "
+        r"Pass pw.Client\('tcp://x:1'\)",
+    ):
+        widget("tcp://x:1", live=False)
+    with pytest.raises(TypeError, match=r"got int 42\. Pass a pw.Client, or nothing"):
+        widget(42, live=False)
+
+
 def test_the_trace_is_valid_trace_event_json(ran: pw.Client, tmp_path: Path) -> None:
     doc = trace_events(ran.events())
     events = doc["traceEvents"]
@@ -76,6 +99,10 @@ def test_timeline_widget_state_and_fallback(ran: pw.Client) -> None:
     w = TimelineWidget(ran, live=False)
     state = w.get_state()
     assert len(state["rows"]) == 9 and state["lanes"] == sorted(state["lanes"])
+    # Lanes are labelled by the slices' names, as the placement map is.
+    slices = {s.name: s for s in ran.slices}
+    assert state["lanes"] == sorted(f"{slices[n].island}/{n}" for n in ("enc", "dec"))
+    assert {r["lane"] for r in state["rows"]} == set(state["lanes"])
     assert {r["kind"] for r in state["rows"]} == {"program", "transfer"}
     bundle = w._repr_mimebundle_()
     data = bundle[0] if isinstance(bundle, tuple) else bundle
@@ -129,6 +156,10 @@ def test_an_observers_widgets_show_every_tenants_work(
         t = TimelineWidget(watcher, live=False)
         mine = [r for r in t.rows if r["tenant"] == ran.tenant]
         assert sorted({r["name"] for r in mine if r["kind"] == "program"}) == ["decode", "encode"]
+        # Another tenant's slices are named by their allocations in the log (with their
+        # ids where earlier tests' tenants had slices of the same names).
+        names = {r["lane"].split("/")[1].split(" (s")[0] for r in mine if r["kind"] == "program"}
+        assert names == {"dec", "enc"}
     finally:
         watcher.close()
 

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from pathways_nb.client._jit import RemoteFunction
 from pathways_nb.client._remote import RemoteArray
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ class DataflowGraph:
             by_slice.setdefault(n.slice, []).append(n)
         for i, (sname, nodes) in enumerate(sorted(by_slice.items())):
             with g.subgraph(name=f"cluster_{i}") as c:
-                c.attr(label=f"slice {sname} ({nodes[0].island})")
+                c.attr(label=_label([f"slice {sname} ({nodes[0].island})"]))
                 for n in nodes:
                     parts = [n.name]
                     t = self._times.get(n.lid)
@@ -279,8 +280,22 @@ class DataflowGraph:
 
 
 def _label(lines: list[str]) -> str:
-    """A label of several lines: the graphviz package quotes it and keeps ``\\n``."""
-    return "\\n".join(x.replace("\\", "/") for x in lines)
+    """A label of several lines, each drawn as written.
+
+    Names come from users (a program named ``<lambda>``, a slice named ``\\N``), so
+    nothing in them may reach Graphviz as markup: ``nohtml`` keeps a ``<...>`` name
+    from becoming an HTML-like label (which the graph widget would put into the page),
+    doubled backslashes keep ``\\N``, ``\\G`` or ``\\l`` from being expanded, and
+    ``&amp;`` keeps ``&lt;`` from being decoded. The graphviz package then quotes the
+    result and escapes its double quotes.
+    """
+    import graphviz
+
+    def literal(text: str) -> str:
+        text = text.replace("\\", "\\\\").replace("&", "&amp;")
+        return re.sub(r"\r\n|\r|\n", r"\\n", text)
+
+    return graphviz.nohtml("\\n".join(literal(x) for x in lines))
 
 
 def _human(n: int) -> str:
@@ -416,7 +431,8 @@ class _Recording:
 
 def trace_graph(client: Client, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The dataflow graph of ``fn(*args, **kwargs)``, from shapes alone."""
-    name = getattr(fn, "__name__", "step")
+    # A pw.jit's __name__ is its function's (often "<lambda>"); its name= is the one given.
+    name = fn.name if isinstance(fn, RemoteFunction) else getattr(fn, "__name__", "step")
     rec = Recorder(client, name, tracing=True)
     with _Recording(rec):
         fn(*args, **kwargs)

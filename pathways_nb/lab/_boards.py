@@ -3,9 +3,9 @@
 A board holds a client of its cluster (connected on first use, named ``JupyterLab``)
 and what the notebook's live widgets keep between refreshes: the placement map's last
 programs and the timeline's rows. :meth:`Board.snapshot` returns everything the panel
-draws in one JSON-ready dict. Boards run in the Jupyter server's process, called from
-its handler threads; each board takes its own lock, so two browser tabs polling the
-same cluster take turns on its client.
+draws in one JSON-ready dict. Boards run in the Jupyter server's process, each on a
+thread of its own (:meth:`Board.submit`), so a cluster that is slow to answer holds up
+only its own board; two browser tabs polling the same cluster take turns on its client.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,25 +109,54 @@ def check_address(address: object) -> str:
     address = given if "://" in given else "tcp://" + given
     proto, _, rest = address.partition("://")
     host, _, port = rest.rpartition(":")
-    if proto not in ("tcp", "tls") or not host or not port.isdigit():
+    if proto not in ("tcp", "tls") or not host or not port:
         raise ValueError(
             "address names a cluster's Dask scheduler as tcp://HOST:PORT (tls:// too); "
             f"got {given!r}"
+        )
+    # str.isdigit() takes "²" and "١٢٣"; the sockets below take only ASCII digits.
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(
+            f"the port of a scheduler address is a number from 1 to 65535 in ASCII digits, "
+            f"as in tcp://127.0.0.1:8786; got port {port!r} in {given!r}"
         )
     return address
 
 
 class Board:
-    """One cluster's panel contents, refreshed on demand from a client of its own."""
+    """One cluster's panel contents, refreshed on demand from a client of its own.
+
+    :meth:`submit` refreshes it on the board's own thread: an address that accepts
+    connections and never answers holds that thread for the client's timeout, and no
+    other board's.
+    """
 
     def __init__(self, found: Found, connect: Callable[[Found], Client]) -> None:
         self.found = found
         self._connect = connect
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the client is used
         self._client: Client | None = None
         self._placement = PlacementRows()
         self._cursor = 0  # the placement map's place in the event log
         self._timeline = TimelineRows(TIMELINE_SECONDS, TIMELINE_ROWS)
+        # The thread starts with the first submit; close() stops it after its last task.
+        self._state = threading.Lock()  # guards _closed and submissions to _thread
+        self._closed = False
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pathways-board")
+
+    @property
+    def connected(self) -> bool:
+        """Whether it holds a client (one that connected and has not failed since)."""
+        return self._client is not None
+
+    def submit(self) -> Future[dict[str, Any]]:
+        """:meth:`snapshot`, on the board's own thread."""
+        with self._state:
+            if not self._closed:
+                return self._thread.submit(self.snapshot)
+        done: Future[dict[str, Any]] = Future()
+        done.set_result(self._closed_reply())
+        return done
 
     def snapshot(self) -> dict[str, Any]:
         """The panel's contents now: ``summary`` and ``html`` (the status tables),
@@ -134,6 +164,8 @@ class Board:
         ``tenants`` (their names by id, for the timeline's legend), or ``error`` saying
         why the cluster cannot be shown."""
         with self._lock:
+            if self._closed:
+                return self._closed_reply()
             try:
                 if self._client is None:
                     self._client = self._connect(self.found)
@@ -153,7 +185,8 @@ class Board:
                         return EventRows(events, self._cursor)
                     return client.event_rows(after, since, all_tenants=True)
 
-                self._timeline.update(event_rows)
+                slice_names = {str(r[0]): str(r[1]) for r in s.rows["slices"]}
+                self._timeline.update(event_rows, slice_names)
             except Exception as exc:  # shown in the panel; the next poll connects again
                 self._drop_client()
                 return {"address": self.found.address, "error": _reason(self.found, exc)}
@@ -171,9 +204,27 @@ class Board:
                 "updated": time.time(),
             }
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Close its client once the refresh in progress, if any, has finished, on the
+        board's thread. Without ``wait`` this returns at once, even while that refresh
+        waits on an address that never answers; with it, once the thread has stopped.
+        Safe to call twice."""
+        with self._state:
+            if not self._closed:
+                self._closed = True
+                self._thread.submit(self._close_client)
+        self._thread.shutdown(wait=wait)
+
+    def _close_client(self) -> None:
         with self._lock:
             self._drop_client()
+
+    def _closed_reply(self) -> dict[str, Any]:
+        return {
+            "address": self.found.address,
+            "error": f"the panel closed its board of {self.found.address} to show other "
+            "clusters; refresh to show it again",
+        }
 
     def _drop_client(self) -> None:
         client, self._client = self._client, None
@@ -200,8 +251,9 @@ def _connect(found: Found) -> Client:
 class Boards:
     """The boards of the clusters the panel has shown, by address, and the clusters it
     can offer: ``configured`` addresses (and ``$PATHWAYS_ADDRESS``) and this user's
-    ``pw.LocalCluster`` s. At most ``max_boards`` stay connected; the one unused longest
-    is closed first."""
+    ``pw.LocalCluster`` s. At most ``max_boards`` are kept: past that, boards holding no
+    client (addresses that never connected) are dropped first, then the connected board
+    unused longest is closed."""
 
     def __init__(
         self,
@@ -246,9 +298,14 @@ class Boards:
                 known = {f.address: f for f in self.found()}
                 b = Board(known.get(address, Found(address, "given")), self._connect)
             self._boards[address] = b  # newest last
-            stale = list(self._boards.values())[: -self._max] if self._max > 0 else []
-            for old in stale:
+            stale = []
+            while self._max > 0 and len(self._boards) > self._max:
+                # Looking up addresses that lead nowhere must not close a connected
+                # board's client (and lose its timeline).
+                idle = [x for x in self._boards.values() if x is not b and not x.connected]
+                old = idle[0] if idle else next(iter(self._boards.values()))
                 del self._boards[old.found.address]
+                stale.append(old)
         for old in stale:
             old.close()
         return b

@@ -5,8 +5,9 @@
 ``GET clusters`` lists the clusters to offer, ``POST clusters`` starts one and
 ``DELETE clusters?address=...`` stops one this server started; ``GET board?address=...``
 returns what the panel draws for one of them. A board's refresh talks to the cluster,
-and a start waits for one to come up, so both run on thread pools of their own, never
-on the server's event loop. The boards, and with them the client and JAX, are imported
+so it runs on that board's own thread (one cluster slow to answer holds up no other);
+a start waits for one to come up, on a pool of its own; neither runs on the server's
+event loop. The boards, and with them the client and JAX, are imported
 when a panel first asks: a server whose panel stays closed never loads them.
 """
 
@@ -18,7 +19,7 @@ import functools
 import json
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import tornado.web
@@ -28,7 +29,7 @@ from jupyter_server.utils import url_path_join
 from pathways_nb.lab._launched import Launched, check_platform, check_size, check_tls
 
 if TYPE_CHECKING:
-    from pathways_nb.lab._boards import Boards
+    from pathways_nb.lab._boards import Board, Boards
 
 ROUTE = "pathways-nb"
 SETTINGS_KEY = "pathways_nb_boards"
@@ -135,20 +136,34 @@ class ClustersHandler(_Handler):
         self._reply({"address": address, "stopped": True})
 
 
+async def board_snapshot(
+    boards: Callable[[], Boards], address: str, pool: Executor
+) -> tuple[dict[str, Any], int]:
+    """What ``GET board?address=...`` answers, and its HTTP status.
+
+    The board is looked up on ``pool`` (shared, and quick: no cluster is asked), then
+    refreshed on the board's own thread, so an address that never answers holds up only
+    the tabs showing it.
+    """
+
+    def find() -> Board | str:
+        try:
+            return boards().board(address)
+        except ValueError as exc:
+            return str(exc)
+
+    board = await asyncio.get_running_loop().run_in_executor(pool, find)
+    if isinstance(board, str):
+        return {"address": address, "error": board}, 400
+    return await asyncio.wrap_future(board.submit()), 200
+
+
 class BoardHandler(_Handler):
     @tornado.web.authenticated
     async def get(self) -> None:
+        lazy: LazyBoards = self.settings[SETTINGS_KEY]
         address = self.get_query_argument("address", "")
-
-        def snapshot(boards: Boards) -> dict[str, Any]:
-            try:
-                board = boards.board(address)
-            except ValueError as exc:
-                return {"address": address, "error": str(exc), "status": 400}
-            return board.snapshot()
-
-        snap = await self._off_loop(snapshot)
-        self._reply(snap, snap.pop("status", 200))
+        self._reply(*await board_snapshot(lazy.get, address, self.pool))
 
 
 def setup_handlers(web_app: Any, boards: LazyBoards, launched: Launched) -> None:

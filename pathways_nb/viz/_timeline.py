@@ -6,8 +6,10 @@ the timeline widget, its HTML fallback and the Perfetto export draw the same thi
 
 from __future__ import annotations
 
+import collections
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -140,11 +142,23 @@ class Tracker:
         self.horizon = horizon  # seconds of history kept (None: up to max_rows)
         self.max_rows = max_rows
         self._recs: dict[int, dict[str, Any]] = {}
+        self._names: dict[str, str] = {}  # slice id -> the name it was allocated with
+
+    def name_slices(self, names: Mapping[str, str]) -> None:
+        """Slice names by slice id, for the lanes (the event log names slices by id, and
+        its ``allocate`` events, which carry the names, may be older than the window)."""
+        self._names.update({str(k): str(v) for k, v in names.items()})
 
     def add(self, events: list[list[Any]]) -> None:
         """New events as the controller sends them: rows of the event log's fields, time
         in seconds first (what ``client.events()`` turns into a DataFrame)."""
         for t, kind, tenant, lid, program, slice_, island, host, detail in events:
+            if kind == "allocate" and slice_:
+                # Its detail is the slice's name, then its mesh: "train {'x': 2}".
+                name, sep, _ = str(detail).rpartition(" {")
+                if sep:
+                    self._names[str(slice_)] = name
+                continue
             if lid <= 0 or kind not in ("launch", "start", "end", "error"):
                 continue
             r = self._recs.get(lid)
@@ -156,7 +170,7 @@ class Tracker:
                 r.update(
                     tenant=int(tenant),
                     name=str(program),
-                    lane=f"{island}/{slice_}",
+                    lane=(str(island), str(slice_)),
                     host=str(host),
                     start=t,
                 )
@@ -196,6 +210,7 @@ class Tracker:
         if not rows:
             return [], []
         base = min((r["launch"] or r["start"]) for r in rows)
+        labels = self._lane_labels({r["lane"] for r in rows})
         out = []
         for r in rows:
             out.append(
@@ -204,7 +219,7 @@ class Tracker:
                     "tenant": r["tenant"],
                     "kind": "transfer" if r["name"] == "transfer" else "program",
                     "name": r["name"],
-                    "lane": r["lane"],
+                    "lane": labels[r["lane"]],
                     "host": r["host"],
                     "source": r.get("source", ""),
                     "bytes": r.get("bytes", 0),
@@ -214,5 +229,15 @@ class Tracker:
                     "failed": bool(r.get("failed", False)),
                 }
             )
-        lanes_ = sorted({r["lane"] for r in out})
-        return out, lanes_
+        return out, sorted(labels.values())
+
+    def _lane_labels(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """Each lane's label, ``island/name`` (``island/id`` for a slice whose name is not
+        known); two slices drawn under one label (two tenants' ``train``) keep their ids."""
+        names = {k: self._names.get(k[1], k[1]) for k in keys}
+        labels = {k: f"{k[0]}/{name}" for k, name in names.items()}
+        shared = collections.Counter(labels.values())
+        return {
+            k: f"{label} ({k[1]})" if shared[label] > 1 and names[k] != k[1] else label
+            for k, label in labels.items()
+        }

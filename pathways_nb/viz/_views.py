@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pathways_nb.client import EventRows, Status
@@ -72,15 +72,30 @@ class TimelineRows:
             isinstance(last, bool) or not isinstance(last, int | float) or not last > 0
         ):
             raise ValueError(f"last is a window in seconds, > 0 (None: all the log); got {last!r}")
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int):
+            raise TypeError(
+                "max_rows is how many programs and transfers the timeline draws at most, a "
+                f"whole number such as 1000; got {type(max_rows).__name__} {max_rows!r}"
+            )
+        if max_rows < 1:
+            raise ValueError(
+                "max_rows is how many programs and transfers the timeline draws at most, "
+                f"1 or more (with fewer it would draw nothing); got {max_rows}"
+            )
         self.last = last
         self._cursor = 0
         self._tracker = Tracker(None if last is None else last + 10.0, max_rows)
         self.rows: list[dict[str, Any]] = []
         self.lanes: list[str] = []
 
-    def update(self, event_rows: Callable[..., EventRows]) -> bool:
+    def update(
+        self, event_rows: Callable[..., EventRows], names: Mapping[str, str] | None = None
+    ) -> bool:
         """Read the events logged since the last update (``event_rows`` is a client's
-        ``event_rows``); False when nothing changed."""
+        ``event_rows``); False when nothing changed. ``names`` (slice id -> name, as in
+        ``client.status().rows["slices"]``) labels the lanes by slice name."""
+        if names:
+            self._tracker.name_slices(names)
         # Only events logged since the last update cross the wire and get looked at.
         # The first look at a window of the last seconds reads only those seconds.
         horizon = self._tracker.horizon

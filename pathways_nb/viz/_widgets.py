@@ -69,6 +69,13 @@ class _Live(anywidget.AnyWidget):
     updated = traitlets.Float(0.0).tag(sync=True)
 
     def __init__(self, client: Client | None, live: bool, interval: float, **kw: Any) -> None:
+        if client is not None and not isinstance(client, Client):
+            hint = f"pw.Client({client!r})" if isinstance(client, str) else "a pw.Client"
+            raise TypeError(
+                f"{type(self).__name__} shows a pw.Client's cluster; got "
+                f"{type(client).__name__} {client!r:.80}. Pass {hint}, or nothing for the "
+                "current client"
+            )
         super().__init__(**kw)
         self._client = client or Client.current()
         self._closed = False
@@ -134,7 +141,9 @@ class TimelineWidget(_Live):
         super().__init__(client, live, interval)
 
     def refresh(self) -> None:
-        if not self._timeline.update(self._event_rows):
+        # This client's own slices by name; other tenants' are named by their allocations.
+        names = {vs.id: vs.name for vs in self._client.slices}
+        if not self._timeline.update(self._event_rows, names):
             return
         self.rows = self._timeline.rows
         self.lanes = self._timeline.lanes

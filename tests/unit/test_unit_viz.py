@@ -62,6 +62,27 @@ def test_tracker_forgets_what_fell_out_of_its_horizon() -> None:
     assert [r["lid"] for r in recs] == [2] and recs[0]["end"] is None
 
 
+def test_lanes_are_labelled_by_slice_name_and_keep_the_id_where_two_share_one() -> None:
+    t = time.time()
+    rows = [
+        (t, "allocate", 1, 0, "", "s1", "i0", "h0", "train {'x': 2}"),
+        (t, "allocate", 2, 0, "", "s2", "i0", "h0", "train {'x': 1}"),
+        (t, "allocate", 2, 0, "", "s3", "i1", "h1", "odd {name} {'x': 1}"),
+    ]
+    for lid, sid, island in [(1, "s1", "i0"), (2, "s2", "i0"), (3, "s3", "i1"), (4, "s4", "i1")]:
+        rows.append((t + lid, "start", 1, lid, "f", sid, island, "h", ""))
+    tr = Tracker(horizon=None, max_rows=10)
+    tr.add([list(r) for r in rows])
+    recs, lanes = tr.records(last=None)
+    # Two tenants' "train" on one island stay apart; s4's allocation is not in the log.
+    assert lanes == ["i0/train (s1)", "i0/train (s2)", "i1/odd {name}", "i1/s4"]
+    assert [r["lane"] for r in recs] == lanes
+    tr.name_slices({"s4": "eval", "s2": "warmup"})  # from a status snapshot
+    recs, lanes = tr.records(last=None)
+    assert lanes == ["i0/train", "i0/warmup", "i1/eval", "i1/odd {name}"]
+    assert [r["lane"] for r in recs] == ["i0/train", "i0/warmup", "i1/odd {name}", "i1/eval"]
+
+
 def test_a_status_summary_counts_live_islands_once_after_a_host_restarts() -> None:
     """A host that died stays in the tables, marked not alive; the island its
     replacement serves is counted once, with the replacement's devices."""
