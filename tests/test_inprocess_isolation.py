@@ -22,6 +22,9 @@ class RawTenant:
 
     def __init__(self, cluster: pw.InProcessCluster) -> None:
         self._ctx = cluster.context
+        # Every socket it opens, closed with it: one left open (held by a failed test's
+        # traceback) would keep the cluster's context from terminating.
+        self._sockets: list[zmq.Socket[Any]] = []
         self.ctl = self.dealer(cluster.controller.client_address)
         hello = {"t": "hello", "role": "client", "rid": 1, "versions": _versions()}
         welcome = self.ask(self.ctl, hello)
@@ -38,6 +41,7 @@ class RawTenant:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RCVTIMEO, 10_000)
         s.connect(address)
+        self._sockets.append(s)
         return s
 
     def id(self) -> int:
@@ -51,7 +55,8 @@ class RawTenant:
 
     def close(self) -> None:
         self.ctl.send_multipart([msgpack.packb({"t": "bye"})])  # its slice is freed
-        self.ctl.close(0)
+        for s in self._sockets:
+            s.close(0)
 
 
 def _versions() -> dict[str, Any]:
@@ -144,7 +149,13 @@ def test_a_host_serves_a_connection_only_its_tenants_arrays(
         {"t": "put_failed", "rid": 6, "handle": x.handle, "error": {"message": "gone"}},
         {"t": "expect", "rid": 7, "handle": x.handle},
         # Nor may it write another's array to a file, or read a file into its handle.
-        {"t": "save", "rid": 9, "handle": x.handle, "path": "/tmp/pathways-stolen.npy"},
+        {
+            "t": "save",
+            "rid": 9,
+            "handle": x.handle,
+            "path": "/tmp/pathways-stolen.npy",
+            "stage": "0123456789abcdef",
+        },
         {"t": "load", "rid": 10, "handle": x.handle, "path": "/tmp/x.npy", **put},
         {"t": "saved", "rid": 11, "handle": x.handle, "path": "/tmp/x.npy"},
     ):
@@ -159,6 +170,10 @@ def test_a_host_serves_a_connection_only_its_tenants_arrays(
     xfer = {"t": "xfer", "handle": raw.id(), "lid": raw.id(), "pieces": 1, "source": "me"}
     reply = raw.ask(sock, {**xfer, **put, "t0": 0.0})
     assert reply["t"] == "error" and "only hosts send 'xfer'" in reply["message"], reply
+    # A save's commit names no array: the host commits only what this tenant staged.
+    commit = {"t": "commit_save", "rid": 12, "stage": "0" * 16, "keep": True, "count": 1}
+    reply = raw.ask(sock, commit)
+    assert reply["t"] == "failed" and "no save" in reply["error"]["message"], reply
     sock.close(0)
     np.testing.assert_array_equal(x.fetch(), np.arange(4, dtype=np.float32))
     np.testing.assert_array_equal((x + 1).fetch(), np.arange(1, 5, dtype=np.float32))
