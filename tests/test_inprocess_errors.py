@@ -330,3 +330,27 @@ def test_interrupt_while_blocked_by_backpressure_cancels_queued_work(
                 outs.append(stuck(x))
         assert len(outs) == 4  # the fifth submission blocked, then was interrupted
         assert "cancelled" in outcomes(c, outs)
+
+
+def test_an_address_where_another_kind_of_server_answers_says_so() -> None:
+    """An HTTP server where the scheduler was expected: Dask's framing reads its reply
+    as a message of some exabytes, and the MemoryError that makes was the whole story."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                conn.recv(1)  # until the client hangs up
+
+        t = threading.Thread(target=answer)
+        t.start()
+        with pytest.raises(pw.BrokenError, match=r"but not as a Dask scheduler does"):
+            pw.Client(f"tcp://127.0.0.1:{port}")
+        t.join(30)

@@ -115,6 +115,14 @@ def _controller_info(address: str, result: dict[str, Any], timeout: float) -> di
                 "`dask scheduler --preload pathways_nb.deploy.scheduler` beside "
                 "`dask worker --preload pathways_nb.deploy.worker`."
             ) from None
+        if isinstance(exc, MemoryError):
+            # Dask's framing read a length from bytes that are not Dask's: another kind
+            # of server listens there.
+            raise BrokenError(
+                f"something answered at {address}, but not as a Dask scheduler does (its "
+                f"reply read as a message of impossible size: {exc}): check the address "
+                "and port, such as tcp://SCHEDULER:8786"
+            ) from None
         raise BrokenError(
             f"could not get the pathways controller from the Dask scheduler at {address}: "
             f"{type(exc).__name__}: {exc}. Start the scheduler with "
