@@ -461,14 +461,26 @@ def test_a_transfer_from_a_lost_host_fails_its_consumer_at_once() -> None:
         client.wait_all(timeout=10)  # the transfer is accounted for, not left pending
 
 
+def _slow_to_load(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+class _SlowToLoad:
+    """Unpickled on a host, it holds the thread that adds programs there."""
+
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        return (_slow_to_load, (2.0,))
+
+
 def test_a_compile_in_progress_on_a_lost_host_fails_instead_of_hanging() -> None:
     with pw.InProcessCluster(1, 2) as c, c.client() as client:
         vs = client.allocate({"x": 2})
         x = vs.put(np.ones(2, np.float32), P("x"))
-        client.inject_fault(vs, match="slow", kind="delay:2")
-        pw.jit(lambda a: a + 1, name="slow")(x)  # holds the host's queue
+        held = _SlowToLoad()
+        pw.colocated(lambda a: (held, a)[1], out=lambda a: a)(x)  # holds the host's programs
         # Its output layout is unknown, so the first call asks the host to compile it;
-        # that request waits behind the held queue when the host is declared lost.
+        # that request waits behind the program being added when the host is declared lost.
         t = threading.Timer(0.3, c.controller.host_lost, (vs.host, "test"))
         t.start()
         with pytest.raises(pw.DataLossError, match="lost"):
