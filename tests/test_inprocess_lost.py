@@ -235,6 +235,70 @@ def test_a_request_to_a_host_that_never_answers_its_hello_ends_when_the_slice_is
         silent.close()
 
 
+def test_a_host_whose_connection_closes_unanswered_ends_the_wait() -> None:
+    """The host's process ended, and the controller, gone as well, said nothing of it:
+    the answer cannot come on a closed connection, so the wait ends with a BrokenError
+    instead of going on for ever."""
+    from pathways_nb.client._direct import DirectChannels
+    from pathways_nb.wire import Poller, decode, encode, receive
+    from pathways_nb.wire._stream import StreamRouter
+
+    router = StreamRouter("tcp://127.0.0.1:0")
+    ctx = zmq.Context()
+    channels = DirectChannels(ctx)
+    channels.hello = {"t": "hello", "role": "client"}
+    channels.gone_grace = 0.3
+
+    def host() -> None:
+        poller = Poller()
+        poller.register(router, zmq.POLLIN)
+        seen = 0
+        deadline = time.monotonic() + 30
+        while seen < 2 and time.monotonic() < deadline:  # the hello, then the fetch
+            poller.poll(100)
+            for frames in receive(router):
+                seen += 1
+                if decode(frames[1:]).header["t"] == "hello":
+                    router.send_multipart([frames[0], *encode({"t": "welcome"})])
+        router.close()  # the fetch never answered
+
+    t = threading.Thread(target=host)
+    t.start()
+    try:
+        with pytest.raises(pw.BrokenError, match="closed its connection before it answered"):
+            channels.request([(router.address, {"t": "fetch", "handle": 1})], lambda: None)
+    finally:
+        t.join(30)
+        channels.close()
+        ctx.term()
+
+
+def test_a_controller_connection_a_callers_send_found_closed_breaks_the_client() -> None:
+    """A caller's thread sends launches to the controller itself; when its send is what
+    finds the connection closed, the connection leaves the IO thread's poll set, and is
+    never ready again: the IO thread must still learn the controller went away."""
+    from pathways_nb.client._io import IOThread
+    from pathways_nb.wire._stream import StreamRouter
+
+    router = StreamRouter("tcp://127.0.0.1:0")
+    ctx = zmq.Context()
+    io = IOThread(ctx, router.address, lambda _: None, heartbeat=60.0)
+    io.start()
+    try:
+        dealer: Any = io._ctl
+        dealer._drop(dealer._conn)  # what a send that hit a closed connection does
+        deadline = time.monotonic() + 10
+        while io.broken is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert io.broken is not None and "went away" in io.broken
+        with pytest.raises(pw.BrokenError, match="went away"):
+            io.request({"t": "status"}).result(10)
+    finally:
+        io.stop()
+        router.close()
+        ctx.term()
+
+
 def test_a_host_that_refuses_the_connection_fails_its_requests_and_nothing_else() -> None:
     """The client's IO thread connects to a host on first use; a host that died first
     (its slice just remapped there, say) fails what was sent to it, and the thread

@@ -24,12 +24,21 @@ from pathways_nb._core import (
     TLSContexts,
     VersionMismatchError,
 )
-from pathways_nb.wire import DealerSocket, Poller, connect_dealer, decode, encode, receive
+from pathways_nb.wire import (
+    DealerSocket,
+    Poller,
+    connect_dealer,
+    decode,
+    encode,
+    peer_gone,
+    receive,
+)
 
 Reply = tuple[dict[str, Any], list[Any]]
 
 # How long a host has to answer a new connection's hello.
 _HANDSHAKE_SECONDS = 30.0
+_GONE_GRACE_SECONDS = 5.0
 
 
 class RequestFailed(Exception):
@@ -61,6 +70,10 @@ class DirectChannels:
         # before the last of them is closed by that thread when it next asks for one.
         self._forgotten: dict[str, int] = {}
         self._forgets = 0
+        # Seconds a wait goes on once a host's connection closed under it, for the
+        # controller to say why (the host lost: the array's data is gone) before the
+        # wait says so itself.
+        self.gone_grace = _GONE_GRACE_SECONDS
 
     def forget(self, address: str) -> None:
         """The host at ``address`` was lost: each thread closes its socket there on its
@@ -83,8 +96,10 @@ class DirectChannels:
         if seen != self._forgets:
             self._local.forgets = self._close_forgotten(socks)
         got = socks.get(address)
-        if got is not None:
+        if got is not None and not peer_gone(got[0]):
             return got[0]
+        if got is not None:  # its host went away: a restarted one listens anew
+            self._discard({address})
         with self._lock:
             if self._closed:
                 raise ClosedError("the client was closed")
@@ -149,6 +164,8 @@ class DirectChannels:
         with the request's index and its RemoteError.
         """
         order: dict[int, int] = {}
+        waiting: dict[int, tuple[str, DealerSocket]] = {}
+        gone_at: float | None = None
         # One request (one host: the common case) waits on its socket alone; an epoll
         # object made and closed for it costs three system calls per wait.
         poller = Poller() if len(requests) > 1 else None
@@ -158,6 +175,7 @@ class DirectChannels:
                 sock = self._socket(address, check)
                 rid = next(self._rids)
                 order[rid] = i
+                waiting[rid] = (address, sock)
                 sock.send_multipart(encode({**header, "rid": rid}), copy=False)
                 if poller is not None:
                     poller.register(sock, zmq.POLLIN)
@@ -177,12 +195,27 @@ class DirectChannels:
                     # Also while sockets are busy: a dead host's may stay readable.
                     check()
                     checked = now
+                    gone = [a for a, sock in waiting.values() if peer_gone(sock)]
+                    if gone and gone_at is None:
+                        gone_at = now
+                    elif gone and gone_at is not None and now - gone_at > self.gone_grace:
+                        # Its answer cannot come on a closed connection, and no word
+                        # came from the controller (gone too, or unreachable).
+                        self._discard(set(gone))
+                        raise BrokenError(
+                            f"the host at {gone[0]} closed its connection before it "
+                            "answered (did its process end?), and the controller said "
+                            "nothing of it: check the cluster (client.status()), or "
+                            "connect a new pw.Client if it is gone"
+                        )
                 if not ready:
                     continue
                 for sock, _ in ready:
                     for frames in receive(sock, 10_000):
                         msg = decode(frames)
-                        i = order.pop(msg.header.get("rid", -1), -1)
+                        rid = msg.header.get("rid", -1)
+                        waiting.pop(rid, None)
+                        i = order.pop(rid, -1)
                         if i < 0:
                             continue  # an answer to a wait that was interrupted earlier
                         h = msg.header

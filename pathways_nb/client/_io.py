@@ -229,14 +229,16 @@ class IOThread:
             self._drain_outbox()
             if self._ctl in ready:
                 self._drain(self._ctl, None)
-                if self.broken is None and peer_gone(self._ctl):
-                    self.broken = (
-                        f"the controller at {self._address} went away: its connection "
-                        "closed (did the cluster's scheduler process end?). This client's "
-                        "slices and arrays went with it; connect a new pw.Client to a "
-                        "running cluster"
-                    )
-                    self._fail_all(BrokenError(self.broken))
+            # Checked on every turn: a send from a caller's thread may be what found the
+            # connection closed, and a closed connection is never ready again.
+            if self.broken is None and peer_gone(self._ctl):
+                self.broken = (
+                    f"the controller at {self._address} went away: its connection "
+                    "closed (did the cluster's scheduler process end?). This client's "
+                    "slices and arrays went with it; connect a new pw.Client to a "
+                    "running cluster"
+                )
+                self._fail_all(BrokenError(self.broken))
             for sock, host in list(self._host_of_socket.items()):
                 if sock in ready:
                     self._drain(sock, host)
