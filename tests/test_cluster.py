@@ -1054,6 +1054,52 @@ def test_a_bad_setting_for_a_cluster_is_refused_before_any_process_starts() -> N
         assert info.value.code == 2
 
 
+def test_a_missing_checkpoint_root_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"does not exist on this machine.*PATHWAYS_CHECKPOINT_ROOT"
+    ):
+        pw.LocalCluster(
+            1, 1, dashboard=False, env={"PATHWAYS_CHECKPOINT_ROOT": str(tmp_path / "nope")}
+        )
+
+
+def test_a_scheduler_that_removes_its_file_as_it_dies_is_reported_with_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scheduler whose preload fails writes its scheduler file and removes it as it
+    exits: when the file vanished between being seen and being read, the exit and its log
+    are what the cluster reports, not a FileNotFoundError."""
+    from pathways_nb.deploy import _local
+
+    real_spawn = _local.LocalCluster._spawn
+
+    def spawn(self: Any, args: list[str], env: dict[str, str], log_name: str) -> None:
+        if log_name == "scheduler.log":
+            path = args[args.index("--scheduler-file") + 1]
+            dies = (
+                f"open({path!r}, 'w').write('{{}}'); "
+                "print('ValueError: the in-flight window must be at least 1'); "
+                "raise SystemExit(1)"
+            )
+            args = ["-c", dies]
+        real_spawn(self, args, env, log_name)
+
+    real_open = open
+
+    def racing_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith("scheduler.json"):  # removed just after it was seen
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(_local.LocalCluster, "_spawn", spawn)
+    monkeypatch.setattr(_local, "open", racing_open, raising=False)
+    with pytest.raises(pw.BrokenError) as info:
+        pw.LocalCluster(1, 1, dashboard=False, timeout=30)
+    message = str(info.value)
+    assert message.startswith("the Dask scheduler exited with code 1"), message
+    assert "ValueError: the in-flight window must be at least 1" in message
+
+
 def test_a_cluster_listens_on_the_address_it_is_given() -> None:
     with pytest.raises(ValueError, match=r"host is the address .* got '0.0.0.0'"):
         pw.LocalCluster(1, 1, host="0.0.0.0")

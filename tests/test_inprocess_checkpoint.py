@@ -211,6 +211,18 @@ def test_a_checkpoint_root_confines_where_hosts_write_and_read(tmp_path: Path) -
         Config(checkpoint_root="relative")
 
 
+def test_hosts_refuse_a_checkpoint_root_that_does_not_exist(tmp_path: Path) -> None:
+    """Said as the hosts start (a hand-started worker's host too), not at the first save."""
+    from pathways_nb.worker import Host
+
+    config = Config(checkpoint_root=str(tmp_path / "nope"))
+    match = r"'.*nope' does not exist on this machine, where the hosts run"
+    with pytest.raises(ValueError, match=match):
+        pw.InProcessCluster(1, 2, config=config)
+    with pytest.raises(ValueError, match=match):
+        Host("h", "inproc://nowhere", devices=[], config=config)
+
+
 def test_a_background_save_copies_first_so_the_next_step_may_donate(
     client: pw.Client, tmp_path: Path
 ) -> None:

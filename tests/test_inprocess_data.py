@@ -314,7 +314,7 @@ def test_batches_arguments_are_checked_before_anything_is_computed(client: pw.Cl
     cases: list[tuple[dict[str, Any], type[Exception], str]] = [
         ({"batch_size": 0}, ValueError, "batch_size is a whole number of 1 or more"),
         ({"batch_size": 4, "prefetch": -1}, ValueError, "prefetch"),
-        ({"batch_size": 3}, ValueError, "Choose a batch_size the slice's devices divide"),
+        ({"batch_size": 3}, ValueError, "over 2 devices .* Choose a batch_size that those"),
         ({"batch_size": 11}, ValueError, "fewer than one batch"),
         ({"batch_size": 2, "spec": {"a": P()}}, ValueError, "matching the data's structure"),
     ]
@@ -323,6 +323,18 @@ def test_batches_arguments_are_checked_before_anything_is_computed(client: pw.Cl
             pw.data.batches(x, vs, **kwargs)
     with pytest.raises(ValueError, match=r"a batch of shape \(1, 2\) cannot be laid out"):
         pw.data.batches(x[:9], vs, batch_size=4, drop_remainder=False)
+    with pytest.raises(ValueError, match=r"the last batch, .* leave it out \(drop_remainder"):
+        pw.data.batches(x[:9], vs, batch_size=4, drop_remainder=False)
+    # Causes other than the batch's rows keep the slice's own advice, and only it.
+    with pytest.raises(ValueError) as info:
+        pw.data.batches(x, vs, batch_size=2, spec=P("model"))
+    assert str(info.value).endswith(f"names axis 'model', but slice {vs.name!r} has axes ['data']")
+    with pytest.raises(ValueError) as info:
+        pw.data.batches(x, vs, batch_size=2, spec=P(None, "data", None))
+    assert "batch_size" not in str(info.value)
+    with pytest.raises(ValueError) as info:
+        pw.data.batches(da.ones((10, 3), chunks=5), vs, batch_size=2, spec=P(None, "data"))
+    assert str(info.value).endswith("leave this one unsharded (None in its place)")
     with pytest.raises(ValueError, match="same number of rows"):
         pw.data.batches((x, da.ones(4, chunks=2)), vs, batch_size=2)
     with pytest.raises(TypeError, match="from_array"):

@@ -11,6 +11,9 @@ from collections.abc import Mapping
 # every device grows without end. Clients refuse a longer limit; hosts clamp to it.
 PROFILE_MAX_SECONDS = 3600.0
 
+# The smallest message limit (max_control_message, max_data_message) accepted, in bytes.
+MIN_MESSAGE_LIMIT = 1024
+
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
@@ -117,16 +120,46 @@ class Config:
     colocated_python: bool = True
 
     def __post_init__(self) -> None:
-        if self.host_executables < 1:
-            raise ValueError(
-                f"host_executables must be at least 1; got {self.host_executables} "
-                "(PATHWAYS_HOST_EXECUTABLES)"
-            )
-        if not (self.remap_wait_seconds >= 0 and math.isfinite(self.remap_wait_seconds)):
-            raise ValueError(
-                "remap_wait_seconds must be a finite number of seconds, 0 or more; "
-                f"got {self.remap_wait_seconds} (PATHWAYS_REMAP_WAIT_SECONDS)"
-            )
+        # Counts with no "off" value: at 0 the gang scheduler runs nothing, a client's
+        # first program blocks for good, the event log keeps nothing, a host keeps no
+        # program to run.
+        for name in (
+            "inflight_window",
+            "max_queued_per_client",
+            "event_log_size",
+            "host_executables",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name} must be at least 1; got {getattr(self, name)} "
+                    f"(PATHWAYS_{name.upper()})"
+                )
+        # A limit of a few bytes refuses even a hello, and the peer only times out; a
+        # kilobyte is a floor against a value meant in MiB or GiB, not a working size.
+        for name in ("max_control_message", "max_data_message"):
+            if getattr(self, name) < MIN_MESSAGE_LIMIT:
+                raise ValueError(
+                    f"{name} is a size in bytes, at least {MIN_MESSAGE_LIMIT} (the default "
+                    f"is {getattr(Config, name)}); got {getattr(self, name)} "
+                    f"(PATHWAYS_{name.upper()})"
+                )
+        # At 0 every client's lease lapses, or every host is declared lost, at once;
+        # nan would silently mean "never".
+        for name in ("lease_seconds", "host_timeout_seconds"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(
+                    f"{name} must be a finite number of seconds above 0 (clients and hosts "
+                    f"beat once a second: give it several); got {value} "
+                    f"(PATHWAYS_{name.upper()})"
+                )
+        for name in ("put_wait_seconds", "remap_wait_seconds"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(
+                    f"{name} must be a finite number of seconds, 0 or more; "
+                    f"got {value} (PATHWAYS_{name.upper()})"
+                )
         if self.receive_pool_bytes < 0:
             raise ValueError(
                 "receive_pool_bytes must be 0 (keep no buffers) or a positive number of "
@@ -147,6 +180,21 @@ class Config:
             raise ValueError(
                 f"cpu_device_nice must be a nice value from 0 (off) to 19; "
                 f"got {self.cpu_device_nice} (PATHWAYS_CPU_DEVICE_NICE)"
+            )
+
+    def check_checkpoint_root(self) -> None:
+        """Raise ValueError if ``checkpoint_root`` is set but is no folder on this machine.
+
+        Called where hosts start, not on construction: a client's machine need not have
+        the hosts' folder. A missing one is refused rather than made, since a mistyped
+        confinement would otherwise pass unnoticed until the first save."""
+        root = self.checkpoint_root
+        if root and not os.path.isdir(root):
+            what = "is not a folder" if os.path.exists(root) else "does not exist"
+            raise ValueError(
+                f"checkpoint_root {root!r} {what} on this machine, where the hosts run "
+                "(PATHWAYS_CHECKPOINT_ROOT): create the folder, or leave the variable "
+                "empty for no confinement"
             )
 
     @staticmethod

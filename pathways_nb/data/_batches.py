@@ -82,7 +82,7 @@ def batches(
     last = rows - (count - 1) * size
     for n in {size, min(size, last)}:
         for s, leaf in zip(specs, leaves, strict=True):
-            _check_spec(vs, s, (n, *leaf.shape[1:]))
+            _check_spec(vs, s, (n, *leaf.shape[1:]), shorter=n != size)
     order = None if shuffle is None else np.random.default_rng(shuffle).permutation(rows)
     return _walk(leaves, treedef, vs, specs, size, rows, count, ahead, order)
 
@@ -189,11 +189,44 @@ def _leaf_specs(spec: Any, treedef: Any, n: int) -> list[PartitionSpec]:
     return specs
 
 
-def _check_spec(vs: VirtualSlice, spec: PartitionSpec, shape: tuple[int, ...]) -> None:
+def _check_spec(
+    vs: VirtualSlice, spec: PartitionSpec, shape: tuple[int, ...], *, shorter: bool
+) -> None:
+    """Raise ValueError unless a batch of ``shape`` (the last, shorter one if
+    ``shorter``) can be laid out by ``spec`` on ``vs``, with advice fitting the cause."""
     try:
         vs.check_spec(spec, shape)
     except ValueError as exc:
         raise ValueError(
             f"a batch of shape {shape} cannot be laid out by {spec} on slice {vs.name!r}: "
-            f"{exc}. Choose a batch_size the slice's devices divide"
+            f"{exc}{_batch_advice(vs, spec, shape, shorter)}"
         ) from None
+
+
+def _batch_advice(
+    vs: VirtualSlice, spec: PartitionSpec, shape: tuple[int, ...], shorter: bool
+) -> str:
+    """Advice beyond the slice's own when the rows of a batch are what does not split:
+    there the batch size is the thing to change. Other causes (an axis the slice lacks,
+    another dimension) carry their own advice already."""
+    from jax.sharding import PartitionSpec
+
+    if not len(spec) or len(spec) > len(shape):
+        return ""  # no rows split, or a rank its own message explains
+    try:
+        vs.check_axes(spec)
+    except ValueError:
+        return ""  # an axis the slice lacks
+    try:
+        vs.check_spec(PartitionSpec(spec[0]), shape[:1])
+    except ValueError:
+        pass  # the rows are what does not split
+    else:
+        return ""  # another dimension
+    if shorter:
+        return (
+            ". It is the last batch, of the rows left over: leave it out "
+            "(drop_remainder=True) or choose a batch_size that leaves a number of rows over "
+            "that those devices divide"
+        )
+    return ". Choose a batch_size that those devices divide"

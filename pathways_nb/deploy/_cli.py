@@ -3,17 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from typing import Any
+
+
+def _count(raw: str) -> int:
+    """An argparse type: a whole number, 1 or more (islands, devices, steps)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 1 or more; got {raw!r}")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds above 0, such as 10; got {raw!r}"
+        )
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathways-nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="start a local cluster and train a small model on a slice")
-    demo.add_argument("--islands", type=int, default=2)
-    demo.add_argument("--devices", type=int, default=4, help="devices per island")
-    demo.add_argument("--steps", type=int, default=20)
+    demo.add_argument("--islands", type=_count, default=2)
+    demo.add_argument("--devices", type=_count, default=4, help="devices per island")
+    demo.add_argument("--steps", type=_count, default=20)
     cluster = sub.add_parser(
         "cluster",
         help="run a local cluster in the foreground for notebooks to share (Ctrl-C stops it)",
@@ -21,8 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         "island, print the address that pw.Client takes, and keep them up until SIGINT or "
         "SIGTERM. Several kernels connecting to it are tenants of one cluster.",
     )
-    cluster.add_argument("--islands", type=int, default=2, help="islands, a worker host each")
-    cluster.add_argument("--devices", type=int, default=4, help="devices per island")
+    cluster.add_argument("--islands", type=_count, default=2, help="islands, a worker host each")
+    cluster.add_argument("--devices", type=_count, default=4, help="devices per island")
     cluster.add_argument(
         "--platform",
         default="cpu",
@@ -69,7 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("address", nargs="?", help="the Dask scheduler address, tcp://host:port")
     status.add_argument("--scheduler-file", help="read the address from this file instead")
     status.add_argument("--json", action="store_true", help="the tables as JSON")
-    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    status.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for it")
+    for command in (demo, cluster, status):
+        # A usage error names the subcommand's own usage, not the top-level one.
+        command.set_defaults(usage=command)
     sub.add_parser(
         "lab",
         help="start JupyterLab with the Pathways panel (other arguments go to `jupyter lab`)",
@@ -85,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.command == "lab":
         import importlib.util
-        import os
 
         from pathways_nb.lab import lab_arguments
 
@@ -101,66 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, command)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    parser = args.usage
     if args.command == "demo":
         from pathways_nb.deploy._demo import run_demo
+        from pathways_nb.deploy._local import check_size
 
+        try:
+            check_size(args.islands, args.devices, "cpu")
+        except ValueError as exc:
+            parser.error(str(exc))
         result = run_demo(args.islands, args.devices, args.steps)
         ok = result["max_diff"] < 1e-4
         if not ok:
             print("losses differ from plain JAX", file=sys.stderr)
         return 0 if ok else 1
     if args.command == "cluster":
-        from pathways_nb.deploy._serve import serve
-
-        for label in ("islands", "devices"):
-            if getattr(args, label) < 1:
-                parser.error(f"--{label} must be a positive integer; got {getattr(args, label)}")
-        platform = None if args.platform == "auto" else args.platform
-        if args.host in ("", "0.0.0.0", "::"):
-            parser.error(
-                f"--host is an address the cluster's processes are reached at, such as this "
-                f"machine's IP; got {args.host!r}"
-            )
-        from pathways_nb._core import BrokenError
-
-        tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
-        security: Any = None
-        if args.tls and any(tls_files):
-            parser.error("--tls makes the cluster's certificates: give it or the --tls-* files")
-        if args.tls:
-            security = True
-        elif any(tls_files):
-            if not all(tls_files):
-                parser.error("TLS takes all of --tls-ca-file, --tls-cert and --tls-key")
-            from distributed.security import Security
-
-            ca, cert, key = tls_files
-            security = Security(
-                tls_ca_file=ca,
-                tls_scheduler_cert=cert,
-                tls_scheduler_key=key,
-                tls_worker_cert=cert,
-                tls_worker_key=key,
-                tls_client_cert=cert,
-                tls_client_key=key,
-                require_encryption=True,
-            )
-        try:
-            return serve(
-                args.islands,
-                args.devices,
-                platform=platform,
-                scheduler_file=args.scheduler_file,
-                dashboard=not args.no_dashboard,
-                host=args.host,
-                port=args.port,
-                security=security,
-            )
-        except (ValueError, ImportError) as exc:  # a setting no cluster can start with
-            parser.error(str(exc))
-        except BrokenError as exc:  # a process of the cluster failed to start
-            print(f"pathways-nb cluster: {exc}", file=sys.stderr)
-            return 1
+        return _cluster(parser, args)
     if args.command == "status":
         from pathways_nb._core import PathwaysError
         from pathways_nb.deploy._serve import read_address, status_report
@@ -176,6 +160,92 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     return 2
+
+
+def _cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``pathways-nb cluster``: every setting checked (a usage error), then served."""
+    from pathways_nb._core import BrokenError
+    from pathways_nb.deploy._serve import serve
+
+    platform = None if args.platform == "auto" else args.platform
+    if args.host in ("", "0.0.0.0", "::"):
+        parser.error(
+            f"--host is an address the cluster's processes are reached at, such as this "
+            f"machine's IP; got {args.host!r}"
+        )
+    if args.scheduler_file:
+        _check_writable(parser, args.scheduler_file)
+    security = _security(parser, args)
+    try:
+        return serve(
+            args.islands,
+            args.devices,
+            platform=platform,
+            scheduler_file=args.scheduler_file,
+            dashboard=not args.no_dashboard,
+            host=args.host,
+            port=args.port,
+            security=security,
+        )
+    except (ValueError, ImportError) as exc:  # a setting no cluster can start with
+        parser.error(str(exc))
+    except BrokenError as exc:  # a process of the cluster failed to start
+        print(f"pathways-nb cluster: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:
+    """Refuse a ``--scheduler-file`` that cannot be written, before the cluster starts
+    (it is written only once every host is up)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"--scheduler-file {path!r} is a folder: name a file in it, such as x.json")
+    if not os.path.isdir(folder):
+        parser.error(
+            f"--scheduler-file {path!r}: its folder {folder!r} does not exist; create it or "
+            "name a file in a folder that does"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        parser.error(
+            f"--scheduler-file {path!r}: its folder {folder!r} is not writable by this user; "
+            "name a file in a folder that is"
+        )
+
+
+def _security(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The cluster's TLS from ``--tls`` or the ``--tls-*`` files (each checked readable
+    here), or None for none."""
+    tls_files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if args.tls and any(tls_files):
+        parser.error("--tls makes the cluster's certificates: give it or the --tls-* files")
+    if args.tls:
+        return True
+    if not any(tls_files):
+        return None
+    if not all(tls_files):
+        parser.error("TLS takes all of --tls-ca-file, --tls-cert and --tls-key")
+    for flag, path in zip(("--tls-ca-file", "--tls-cert", "--tls-key"), tls_files, strict=True):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            parser.error(
+                f"{flag} {path!r} cannot be read ({exc.strerror or exc}): give the path of a "
+                "PEM file this user may read"
+            )
+    from distributed.security import Security
+
+    ca, cert, key = tls_files
+    return Security(
+        tls_ca_file=ca,
+        tls_scheduler_cert=cert,
+        tls_scheduler_key=key,
+        tls_worker_cert=cert,
+        tls_worker_key=key,
+        tls_client_cert=cert,
+        tls_client_key=key,
+        require_encryption=True,
+    )
 
 
 if __name__ == "__main__":

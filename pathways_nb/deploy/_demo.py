@@ -65,6 +65,9 @@ def reference_losses(steps: int, sizes: tuple[int, ...], n: int) -> list[float]:
 def run_demo(islands: int, devices: int, steps: int) -> dict[str, Any]:
     import pathways_nb as pw
 
+    if not isinstance(steps, int) or steps < 1:
+        # Before the cluster starts: the comparison with plain JAX needs a step to compare.
+        raise ValueError(f"steps must be a whole number, 1 or more; got {steps!r}")
     sizes = (32, 128, 128, 8)
     n = 64 * devices
     t0 = time.perf_counter()

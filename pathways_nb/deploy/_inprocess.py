@@ -36,8 +36,9 @@ class InProcessCluster:
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={need} "
                 "before importing jax."
             )
-        self.context: zmq.Context[Any] = zmq.Context()
         self.config = config or Config.from_env()
+        self.config.check_checkpoint_root()  # its hosts run here
+        self.context: zmq.Context[Any] = zmq.Context()
         self.controller = Controller(self.config, context=self.context, inproc=True).start()
         self.hosts: list[Host] = []
         for i in range(islands):

@@ -73,7 +73,12 @@ MAX_SIMULATED_DEVICES = 1024
 _HOST_BYTES = 320 << 20
 
 
-def _check_size(islands: int, devices: int, platform: str | None) -> None:
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 island", "2 islands"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def check_size(islands: int, devices: int, platform: str | None) -> None:
     """Refuse a cluster this machine cannot start, before any process starts."""
     for label, value in (("islands", islands), ("devices_per_island", devices)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -146,6 +151,21 @@ _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
+def _read_scheduler_file(path: str) -> dict[str, Any] | None:
+    """The scheduler file's contents, or None while there is none whole to read.
+
+    Dask writes the file in place, so it may be read half written. A scheduler that fails
+    at start (a preload raising) removes it as it exits, perhaps just after it was seen:
+    the caller then goes on to find the process's exit, and reports it with the log.
+    """
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
 class LocalCluster:
     """An embedded cluster: ``islands`` hosts of ``devices_per_island`` devices each.
 
@@ -186,7 +206,7 @@ class LocalCluster:
         port: int = 0,
         security: Any = None,
     ) -> None:
-        _check_size(islands, devices_per_island, platform)
+        check_size(islands, devices_per_island, platform)
         if not isinstance(host, str) or not host or host in ("0.0.0.0", "::"):
             raise ValueError(
                 "host is the address this machine's processes listen on and others reach "
@@ -211,7 +231,7 @@ class LocalCluster:
         self._env = dict(env or {})
         environ = {**os.environ, **self._env}
         # Checked here, where a bad value is one clear error, not a scheduler's log.
-        Config.from_env(environ)
+        Config.from_env(environ).check_checkpoint_root()  # the hosts run on this machine
         # Each island's own GPUs, if it is to use GPUs (refused here if too few).
         self._island_envs = island_envs(platform, islands, devices_per_island, environ)
         in_use = _jax_platforms_in_use()
@@ -290,7 +310,7 @@ class LocalCluster:
             "scheduler.log",
         )
         deadline = time.monotonic() + self._timeout
-        while not os.path.exists(sched_file):
+        while (info := _read_scheduler_file(sched_file)) is None:
             self._check_alive("the Dask scheduler")
             if time.monotonic() > deadline:
                 raise BrokenError(
@@ -298,9 +318,6 @@ class LocalCluster:
                     + self._logs_hint()
                 )
             time.sleep(0.05)
-        time.sleep(0.05)
-        with open(sched_file) as f:
-            info = json.load(f)
         self.scheduler_address = info["address"]
         port = info.get("services", {}).get("dashboard")
         if dashboard and port:
@@ -469,16 +486,18 @@ class LocalCluster:
         )
         state = "closed" if self._closed else html.escape(self.scheduler_address)
         return (
-            f"<b>pathways_nb.LocalCluster</b>: {self.islands} islands x {self.devices_per_island} "
-            f"{html.escape(self.platform or 'auto')} devices at <code>{state}</code>{dash}"
+            f"<b>pathways_nb.LocalCluster</b>: {counted(self.islands, 'island')} x "
+            f"{counted(self.devices_per_island, html.escape(self.platform or 'auto') + ' device')}"
+            f" at <code>{state}</code>{dash}"
         )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.scheduler_address
         dash = f", dashboard {self.dashboard_link}" if self.dashboard_link else ""
         return (
-            f"<pathways_nb.LocalCluster {self.islands} islands x {self.devices_per_island} "
-            f"{self.platform or 'auto'} devices at {state}{dash}>"
+            f"<pathways_nb.LocalCluster {counted(self.islands, 'island')} x "
+            f"{counted(self.devices_per_island, (self.platform or 'auto') + ' device')} "
+            f"at {state}{dash}>"
         )
 
 

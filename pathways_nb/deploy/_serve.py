@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from pathways_nb._core import BrokenError
-from pathways_nb.deploy._local import LocalCluster
+from pathways_nb.deploy._local import LocalCluster, counted
 from pathways_nb.deploy._security import client_files
 from pathways_nb.deploy._watch import remove_cluster_dir, watch_parent
 
@@ -104,7 +104,8 @@ def serve(
                 _write_info(scheduler_file, info)
             kind = platform or "auto"
             print(
-                f"pathways_nb cluster: {islands} islands x {devices} {kind} devices\n"
+                f"pathways_nb cluster: {counted(islands, 'island')} x "
+                f"{counted(devices, kind + ' device')}\n"
                 f"  scheduler  {cluster.scheduler_address}\n"
                 f"  connect    pw.Client({cluster.scheduler_address!r}"
                 f"{_security_hint(info.get('tls'))})\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("pathways_nb.deploy")
@@ -21,6 +22,27 @@ _HOST_ATTR = "_pathways_host"
 # after it in the worker's log.
 HOST_FAILED = "did not start; closing the worker"
 _TASK_ATTR = "_pathways_host_start"
+
+
+def cpu_devices(environ: Mapping[str, str]) -> int | None:
+    """The simulated CPU devices ``PATHWAYS_CPU_DEVICES`` asks for; None where unset.
+
+    Checked here, before JAX starts: JAX takes -1 as its default of one device and fails
+    at 0 with an error that names neither the variable nor the value.
+    """
+    raw = environ.get("PATHWAYS_CPU_DEVICES", "")
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(
+            "environment variable PATHWAYS_CPU_DEVICES must be a whole number of simulated "
+            f"CPU devices for this host, 1 or more (such as 4); got {raw!r}"
+        )
+    return n
 
 
 def _configure_jax() -> None:
@@ -40,9 +62,9 @@ def _configure_jax() -> None:
     # silently hold as 32-bit ones, and whose programs it could not call. A 32-bit
     # client's arrays and programs name their 32-bit dtypes, so nothing changes for it.
     jax.config.update("jax_enable_x64", True)
-    n = os.environ.get("PATHWAYS_CPU_DEVICES")
-    if n:
-        jax.config.update("jax_num_cpu_devices", int(n))
+    n = cpu_devices(os.environ)
+    if n is not None:
+        jax.config.update("jax_num_cpu_devices", n)
     cache = os.environ.get(
         "PATHWAYS_COMPILATION_CACHE", os.path.expanduser("~/.cache/pathways_nb/jax")
     )

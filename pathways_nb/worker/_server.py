@@ -115,6 +115,7 @@ class Host:
         self._tls = tls  # a cluster that uses TLS: see _core._tls
         self.island = island or name
         self.config = config or default_config()
+        self.config.check_checkpoint_root()
         self.devices = list(devices if devices is not None else jax.local_devices())
         self._controller_address = controller_address
         self._own_ctx = context is None

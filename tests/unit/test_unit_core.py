@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -292,6 +293,68 @@ def test_a_remap_wait_must_be_finite_and_not_negative(
     clean_env.setenv("PATHWAYS_REMAP_WAIT_SECONDS", wait)
     with pytest.raises(ValueError, match=r"0 or more; got .* \(PATHWAYS_REMAP_WAIT_SECONDS\)"):
         Config.from_env()
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "bound"),
+    [
+        ("PATHWAYS_INFLIGHT_WINDOW", "0", "at least 1"),
+        ("PATHWAYS_INFLIGHT_WINDOW", "-3", "at least 1"),
+        ("PATHWAYS_MAX_QUEUED_PER_CLIENT", "0", "at least 1"),
+        ("PATHWAYS_MAX_QUEUED_PER_CLIENT", "-1", "at least 1"),
+        ("PATHWAYS_EVENT_LOG_SIZE", "0", "at least 1"),
+        ("PATHWAYS_EVENT_LOG_SIZE", "-5", "at least 1"),
+        ("PATHWAYS_HOST_EXECUTABLES", "0", "at least 1"),
+        ("PATHWAYS_MAX_CONTROL_MESSAGE", "0", "at least 1024"),
+        ("PATHWAYS_MAX_CONTROL_MESSAGE", "-1", "at least 1024"),
+        ("PATHWAYS_MAX_DATA_MESSAGE", "0", "at least 1024"),
+        ("PATHWAYS_MAX_DATA_MESSAGE", "1023", "at least 1024"),
+        ("PATHWAYS_LEASE_SECONDS", "0", "above 0"),
+        ("PATHWAYS_LEASE_SECONDS", "-1", "above 0"),
+        ("PATHWAYS_LEASE_SECONDS", "nan", "above 0"),
+        ("PATHWAYS_LEASE_SECONDS", "inf", "above 0"),
+        ("PATHWAYS_HOST_TIMEOUT_SECONDS", "0", "above 0"),
+        ("PATHWAYS_HOST_TIMEOUT_SECONDS", "-1", "above 0"),
+        ("PATHWAYS_HOST_TIMEOUT_SECONDS", "nan", "above 0"),
+        ("PATHWAYS_HOST_TIMEOUT_SECONDS", "inf", "above 0"),
+        ("PATHWAYS_PUT_WAIT_SECONDS", "-1", "0 or more"),
+        ("PATHWAYS_PUT_WAIT_SECONDS", "nan", "0 or more"),
+        ("PATHWAYS_PUT_WAIT_SECONDS", "inf", "0 or more"),
+    ],
+)
+def test_a_count_size_or_duration_out_of_range_is_refused_naming_the_variable(
+    clean_env: pytest.MonkeyPatch, name: str, raw: str, bound: str
+) -> None:
+    """Each of these was accepted, then hung a client, timed every host out, or killed
+    the scheduler with a message that named no variable."""
+    clean_env.setenv(name, raw)
+    with pytest.raises(ValueError) as info:
+        Config.from_env()
+    field = name.removeprefix("PATHWAYS_").lower()
+    parse = int if isinstance(getattr(Config(), field), int) else float
+    assert bound in str(info.value)
+    assert str(info.value).endswith(f"got {parse(raw)} ({name})"), str(info.value)
+
+
+def test_zero_is_kept_where_it_means_at_once(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("PATHWAYS_PUT_WAIT_SECONDS", "0")
+    clean_env.setenv("PATHWAYS_REMAP_WAIT_SECONDS", "0")
+    config = Config.from_env()
+    assert (config.put_wait_seconds, config.remap_wait_seconds) == (0.0, 0.0)
+    assert Config(max_control_message=1024, max_data_message=1024).max_data_message == 1024
+
+
+def test_a_checkpoint_root_must_be_a_folder_where_the_hosts_run(tmp_path: Path) -> None:
+    Config(checkpoint_root=str(tmp_path)).check_checkpoint_root()
+    Config().check_checkpoint_root()  # no confinement: nothing to find
+    missing = Config(checkpoint_root=str(tmp_path / "nope"))  # a client's config may name it
+    with pytest.raises(
+        ValueError, match=r"'.*nope' does not exist .* \(PATHWAYS_CHECKPOINT_ROOT\)"
+    ):
+        missing.check_checkpoint_root()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"is not a folder .* create the folder"):
+        Config(checkpoint_root=str(tmp_path / "file")).check_checkpoint_root()
 
 
 def test_config_is_frozen() -> None:
