@@ -259,8 +259,15 @@ class ResourceManager:
         return ", ".join(parts)
 
     def snapshot(self) -> dict[str, Any]:
+        # Every live host; a dead one only while no live host serves its island, and then
+        # the last of them: a cluster whose workers restart now and then must not list
+        # each process that ever served an island.
+        serving = {h.island for h in self.hosts.values() if h.alive}
+        last_dead = {h.island: h for h in self.hosts.values() if not h.alive}
         hosts = []
         for h in self.hosts.values():
+            if not h.alive and (h.island in serving or last_dead[h.island] is not h):
+                continue
             d = {**vars(h), "devices": list(h.devices)}
             d["used"] = sorted(self._used.get(h.host, ()))
             hosts.append(d)

@@ -331,3 +331,22 @@ def test_a_device_quota_bounds_what_one_tenant_holds_lost_slices_included() -> N
     assert rm.allocate(1, {"x": 2}, None, max_devices=4).size == 2
     # 0 is no quota.
     assert rm.allocate(1, {"x": 1}, None, max_devices=0).size == 1
+
+
+def test_the_snapshot_lists_a_dead_host_only_while_its_island_has_no_live_one() -> None:
+    """A worker that restarts registers as a new host of the same island: the status
+    listed every process that ever served it."""
+    rm = manager(host("a1", 2, island="a"), host("b", 2))
+    for old, new in (("a1", "a2"), ("a2", "a3")):
+        rm.lose_host(old)
+        rm.add_host(host(new, 2, island="a"))
+    assert [(h["host"], h["alive"]) for h in rm.snapshot()["hosts"]] == [
+        ("b", True),
+        ("a3", True),
+    ]
+    rm.lose_host("a3")  # no live host serves island a: its last one shows why
+    assert [(h["host"], h["alive"]) for h in rm.snapshot()["hosts"]] == [
+        ("b", True),
+        ("a3", False),
+    ]
+    assert len(rm.hosts) == 4  # still known, for what names them
