@@ -739,19 +739,55 @@ def test_extra_warmup_errors_say_what_to_pass(
         pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(0.1), **kwargs)
 
 
+@pytest.mark.parametrize("program", ["stage2:layer.fwd", "stage2:layer.bwd", "stage2:layer.update"])
 def test_a_failure_in_stage_two_reaches_the_loss(
-    four: pw.Client, slices: list[pw.VirtualSlice]
+    four: pw.Client, slices: list[pw.VirtualSlice], program: str
 ) -> None:
+    """Its forward, its backward (which the loss does not read) or its update (which
+    runs after the loss is known): the step's loss fails with the cause."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((16, 8)).astype(np.float32)
     y = rng.standard_normal((16, 4)).astype(np.float32)
     step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.sgd(1e-2), microbatches=4)
     params, state = step.init(_params([8, 16, 16, 16, 4]))
-    four.inject_fault(slices[2], match="stage2:layer.fwd")
+    four.inject_fault(slices[2], match=program)
     params, state, loss = step(params, state, x, y)
     with pytest.raises(pw.RemoteError, match="injected fault") as info:
         float(loss)
-    assert info.value.program == "stage2:layer.fwd"
+    assert info.value.program == program
+
+
+def test_an_interrupt_while_a_step_is_submitted_leaves_the_state_whole(
+    four: pw.Client, slices: list[pw.VirtualSlice]
+) -> None:
+    """The step's updates donate the old parameters: a Ctrl-C between two of its launches
+    left stage 0 updated and the others never, with nothing whole to go on from."""
+    import signal
+
+    x, y = _batch()
+    want = _reference(_params(SIZES), x, y, 2)
+    step = pw.pipeline([layer, layer, layer, head], slices, mse, optax.adam(1e-2), microbatches=4)
+    params, state = step.init(_params(SIZES))
+    params, state, first = step(params, state, x, y)
+    update = step._update[1]
+    original = update.__call__
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        # As "interrupt kernel" while the step submits its second stage's update.
+        signal.raise_signal(signal.SIGINT)
+        return original(*args, **kwargs)
+
+    step._update[1] = interrupted  # type: ignore[assignment,index]
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            step(params, state, x, y)
+    finally:
+        step._update[1] = update
+    assert any("step.last" in note for note in info.value.__notes__)
+    assert step.last is not None
+    params, state, second = step.last
+    np.testing.assert_allclose([float(first), float(second)], want, rtol=2e-5)
+    step(params, state, x, y)  # training goes on from it
 
 
 def test_training_goes_on_from_a_checkpoint_after_a_stage_host_restarts() -> None:

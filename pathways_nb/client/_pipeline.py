@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from pathways_nb.client._interrupts import interrupts_held
 from pathways_nb.client._jit import RemoteFunction, jit
 from pathways_nb.client._pipeline_checks import (
     check_arguments,
@@ -45,8 +46,10 @@ from pathways_nb.client._schedules import (
 from pathways_nb.client._stages import (
     backward,
     backward_from_residuals,
+    done_token,
     gradient_share,
     last,
+    loss_after,
     per_device,
     reduce_then,
     update,
@@ -163,7 +166,16 @@ class Pipeline:
         self._last_first = jit(last_first, slice=slices[-1], name=f"{lname}.loss")
         self._last = jit(last_acc, slice=slices[-1], name=f"{lname}.loss", donate_argnums=(3, 4))
         self._ratio = jit(_ratio, slice=slices[-1], name=f"{lname}.loss_ratio")
+        self._done = [
+            jit(done_token, slice=vs, name=f"stage{s}.done", keep_unused=True)
+            for s, vs in enumerate(slices)
+        ]
+        self._loss_after = jit(
+            loss_after, slice=slices[-1], name=f"{lname}.loss_done", keep_unused=True
+        )
         self._splits: dict[int, RemoteFunction] = {}
+        # The last step's new parameters, optimizer state and loss, as it returned them.
+        self.last: tuple[list[Any], list[Any], RemoteArray] | None = None
         self._opt_init = [
             jit(optimizer.init, slice=vs, name=f"stage{s}.opt_init") for s, vs in enumerate(slices)
         ]
@@ -320,7 +332,20 @@ class Pipeline:
                 "(each microbatch's loss compares them row by row)"
             )
         try:
-            return self._step(params, opt_state, x, y)
+            # Submitted whole: its updates donate the old parameters, so a Ctrl-C between
+            # two of its launches would leave neither the old state nor the new one. One
+            # that comes meanwhile is raised once all are submitted, the new state kept.
+            with interrupts_held():
+                self.last = None
+                self.last = self._step(params, opt_state, x, y)
+            return self.last
+        except KeyboardInterrupt as exc:
+            if self.last is not None:
+                exc.add_note(
+                    "the step was submitted whole before the interrupt: its new parameters, "
+                    "optimizer state and loss are step.last (the old ones went into it)"
+                )
+            raise
         except Exception as exc:
             # JAX's words for a sharding constraint or collective over an axis that
             # shard_map made manual never mention why the axis is manual here.
@@ -401,12 +426,13 @@ class Pipeline:
         # moved host to host), so no update starts before the last backward has run.
         whole = self.clip_grad_norm is not None or self.skip_nonfinite
         shares = [self._shares[s](acc[s], *weight) for s in range(n)] if whole else []
-        new_params, new_states = [], []
+        new_params, new_states, done = [], [], []
         for s in range(n):
             p, st = self._update[s](params[s], opt_state[s], acc[s], shares, *weight)
             new_params.append(p)
             new_states.append(st)
-        return new_params, new_states, loss
+            done.append(self._done[s](jax.tree.leaves((p, st))[0]))
+        return new_params, new_states, self._loss_after(loss, *done)
 
     def bubble(self, events: pd.DataFrame) -> dict[str, Any]:
         """The idle fraction of each stage's slice over one step, from the event log.

@@ -399,3 +399,18 @@ def _reduced(g: Any, mesh: AbstractMesh) -> Any:
         lambda v: laid_out(v.sum(0), NamedSharding(mesh, PartitionSpec())),
         g,
     )
+
+
+def done_token(leaf: Any) -> jax.Array:
+    """A stage's word that its update ran: a scalar made from one of the new parameters
+    (compiled with ``keep_unused``), which fails with the update's error when it failed."""
+    del leaf
+    return jnp.zeros((), jnp.int8)
+
+
+def loss_after(loss: Any, *tokens: Any) -> Any:
+    """The step's loss, once every stage's update has run (``tokens``, compiled with
+    ``keep_unused``): a backward or update that failed on any stage fails the loss with
+    its error, as a failed forward does."""
+    del tokens
+    return loss
