@@ -198,9 +198,8 @@ class Session:
             have = (c.islands, c.devices_per_island, c.platform, c.security is not None)
             if have != (islands, devices, platform, tls):
                 print(
-                    f"a cluster of {have[0]} islands x {have[1]} "
-                    f"{have[2] or 'auto'} devices{' with TLS' if have[3] else ''} is "
-                    "running; reusing it "
+                    f"{c!r} is running"
+                    f"{' with TLS' if have[3] else ''}; reusing it "
                     "(%pathways stop first for a different one)"
                 )
             return client

@@ -909,7 +909,7 @@ def test_pathways_start_twice_reuses_the_cluster_and_stop_closes_it() -> None:
     try:
         first = magics.pathways("start --islands 1 --devices 2")
         assert isinstance(first, pw.LocalCluster) and first.islands == 1
-        assert "Dask dashboard" in first._repr_html_() and "1 islands" in repr(first)
+        assert "Dask dashboard" in first._repr_html_() and "1 island x" in repr(first)
         assert pw.Client.current() is magics.session.client
         with capture_output() as out:
             again = magics.pathways("start --islands 2 --devices 2")

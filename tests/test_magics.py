@@ -121,7 +121,8 @@ def test_start_takes_the_platform_and_reuses_a_running_cluster(ip: Any) -> None:
         with capture_output() as out:
             again = ip.run_line_magic("pathways", "start --islands 1 --devices 2")
         assert again is cluster
-        assert "1 islands x 2 auto devices with TLS is running; reusing it" in out.stdout
+        assert "1 island x 2 auto devices at tls://" in out.stdout
+        assert "with TLS; reusing it" in out.stdout
     finally:
         ip.run_line_magic("pathways", "stop")
         session.client = client
