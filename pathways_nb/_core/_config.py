@@ -143,22 +143,24 @@ class Config:
                     f"is {getattr(Config, name)}); got {getattr(self, name)} "
                     f"(PATHWAYS_{name.upper()})"
                 )
-        # At 0 every client's lease lapses, or every host is declared lost, at once;
-        # nan would silently mean "never".
-        for name in ("lease_seconds", "host_timeout_seconds"):
+        # A lease or host timeout of 0 lapses every client's lease, or loses every host,
+        # at once; a wait of 0 fails at once, as asked. nan would silently mean "never".
+        for name, zero_ok in (
+            ("lease_seconds", False),
+            ("host_timeout_seconds", False),
+            ("put_wait_seconds", True),
+            ("remap_wait_seconds", True),
+        ):
             value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(
-                    f"{name} must be a finite number of seconds above 0 (clients and hosts "
-                    f"beat once a second: give it several); got {value} "
-                    f"(PATHWAYS_{name.upper()})"
+            if not ((value >= 0 if zero_ok else value > 0) and math.isfinite(value)):
+                least = (
+                    "0 or more"
+                    if zero_ok
+                    else "above 0 (clients and hosts beat once a second: give it several)"
                 )
-        for name in ("put_wait_seconds", "remap_wait_seconds"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(
-                    f"{name} must be a finite number of seconds, 0 or more; "
-                    f"got {value} (PATHWAYS_{name.upper()})"
+                    f"{name} must be a finite number of seconds, {least}; got {value} "
+                    f"(PATHWAYS_{name.upper()})"
                 )
         if self.receive_pool_bytes < 0:
             raise ValueError(
