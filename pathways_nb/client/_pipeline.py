@@ -38,6 +38,7 @@ from pathways_nb.client._pipeline_checks import (
 from pathways_nb.client._programs import _moved_spec
 from pathways_nb.client._remote import RemoteArray
 from pathways_nb.client._schedules import (
+    busy_time,
     scheduled_bubble,
     stage_orders,
     submission_order,
@@ -46,10 +47,12 @@ from pathways_nb.client._schedules import (
 from pathways_nb.client._stages import (
     backward,
     backward_from_residuals,
+    cut_microbatches,
     done_token,
     gradient_share,
     last,
     loss_after,
+    loss_ratio,
     per_device,
     reduce_then,
     update,
@@ -165,7 +168,7 @@ class Pipeline:
         lname = f"stage{n - 1}:{getattr(stages[-1], '__name__', 'stage')}"
         self._last_first = jit(last_first, slice=slices[-1], name=f"{lname}.loss")
         self._last = jit(last_acc, slice=slices[-1], name=f"{lname}.loss", donate_argnums=(3, 4))
-        self._ratio = jit(_ratio, slice=slices[-1], name=f"{lname}.loss_ratio")
+        self._ratio = jit(loss_ratio, slice=slices[-1], name=f"{lname}.loss_ratio")
         self._done = [
             jit(done_token, slice=vs, name=f"stage{s}.done", keep_unused=True)
             for s, vs in enumerate(slices)
@@ -468,7 +471,7 @@ class Pipeline:
             raise ValueError("no stage programs in these events; pass one step's events")
         t0 = min(a for v in spans.values() for a, _ in v)
         t1 = max(b for v in spans.values() for _, b in v)
-        busy = {s: _union(v) for s, v in sorted(spans.items())}
+        busy = {s: busy_time(v) for s, v in sorted(spans.items())}
         per_stage = {s: 1.0 - b / (t1 - t0) if t1 > t0 else 0.0 for s, b in busy.items()}
         needed = {(op.stage, op.kind) for order in self._orders for op in order}
         scheduled = (
@@ -484,37 +487,6 @@ class Pipeline:
             "scheduled": scheduled,
             "span_s": t1 - t0,
         }
-
-
-def cut_microbatches(batch: Any, microbatches: int, blocks: int = 1) -> tuple[Any, ...]:
-    """``batch``'s rows (dimension 0) as ``microbatches`` arrays of equal rows.
-
-    The rows are taken as ``blocks`` equal blocks, and microbatch ``i`` is the ``i``-th
-    part of every block, in block order: each device of a batch split over ``blocks``
-    devices cuts its own rows, as data-parallel ranks cut their local batch, so cutting
-    moves nothing between devices (a contiguous cut would move all but one part of
-    each microbatch). With ``blocks=1`` microbatch ``i`` is the ``i``-th run of rows.
-
-    >>> [m.tolist() for m in cut_microbatches(np.arange(8), 2, blocks=2)]
-    [[0, 1, 4, 5], [2, 3, 6, 7]]
-    """
-    rows = batch.shape[0] // (microbatches * blocks)
-    parts = batch.reshape(blocks, microbatches, rows, *batch.shape[1:])
-    return tuple(parts[:, i].reshape(blocks * rows, *batch.shape[1:]) for i in range(microbatches))
-
-
-def _ratio(total: Any, weight: Any) -> Any:
-    return total / weight
-
-
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
 
 
 def pipeline(

@@ -122,3 +122,14 @@ def scheduled_bubble(
         return 0.0
     busy = [sum(seconds[(op.stage, op.kind)] for op in order) for order in orders]
     return sum(1.0 - b / span for b in busy) / len(orders)
+
+
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """The time covered by ``intervals`` (start, end), overlaps counted once."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total

@@ -414,3 +414,25 @@ def loss_after(loss: Any, *tokens: Any) -> Any:
     its error, as a failed forward does."""
     del tokens
     return loss
+
+
+def cut_microbatches(batch: Any, microbatches: int, blocks: int = 1) -> tuple[Any, ...]:
+    """``batch``'s rows (dimension 0) as ``microbatches`` arrays of equal rows.
+
+    The rows are taken as ``blocks`` equal blocks, and microbatch ``i`` is the ``i``-th
+    part of every block, in block order: each device of a batch split over ``blocks``
+    devices cuts its own rows, as data-parallel ranks cut their local batch, so cutting
+    moves nothing between devices (a contiguous cut would move all but one part of
+    each microbatch). With ``blocks=1`` microbatch ``i`` is the ``i``-th run of rows.
+
+    >>> [m.tolist() for m in cut_microbatches(np.arange(8), 2, blocks=2)]
+    [[0, 1, 4, 5], [2, 3, 6, 7]]
+    """
+    rows = batch.shape[0] // (microbatches * blocks)
+    parts = batch.reshape(blocks, microbatches, rows, *batch.shape[1:])
+    return tuple(parts[:, i].reshape(blocks * rows, *batch.shape[1:]) for i in range(microbatches))
+
+
+def loss_ratio(total: Any, weight: Any) -> Any:
+    """A weighted loss: the microbatches' loss sums over their total weight."""
+    return total / weight

@@ -4,7 +4,7 @@ stored lets parked work go); their completions are recorded by
 :mod:`pathways_nb.worker._completion`.
 
 Shutdown order: stop() puts a sentinel on the dispatch queue; the dispatch thread passes
-it to the completion thread after draining; both are joined.
+it to the completion thread after draining; both are joined, then the programs' thread.
 """
 
 from __future__ import annotations
@@ -147,9 +147,6 @@ class Executor:
             self.completions.received += 1
         elif kind == "program":
             body = self.programs.add_soon(*body)  # waited for in the island's order
-        elif kind == "probe":
-            self.programs.probe_soon(body, self._send)
-            return
         with self._cv:
             inline = not self._pending and not self._busy
             if inline:

@@ -391,8 +391,8 @@ class Host:
             self.executor.submit("run", h)
         elif kind == "drop":
             self.executor.submit("drop", h["handles"])
-        elif kind == "host_probe":
-            self.executor.submit("probe", h)
+        elif kind == "host_probe":  # answered off the island's queue (see _programs)
+            self.executor.programs.probe_soon(h, self._to_controller)
         elif kind == "fault":
             self.executor.submit("fault", (h["match"], h["kind"], h["tenant"]))
         elif kind == "cancel_runs":
