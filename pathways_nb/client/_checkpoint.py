@@ -153,14 +153,14 @@ class Saving:
         _when_all(writes, lambda: self._commit(writes, staged))
 
     def _commit(self, writes: list[concurrent.futures.Future[Any]], staged: _Staged) -> None:
-        failed = next((f.exception() for f in writes if f.exception() is not None), None)
+        failed = _first_failure(writes)
         ends = staged.end(keep=failed is None)
         if failed is not None:
             self._ended.set_exception(failed)
             return
 
         def over() -> None:
-            bad = next((f.exception() for f in ends if f.exception() is not None), None)
+            bad = _first_failure(ends)
             if bad is None:
                 self._ended.set_result(None)
             else:
@@ -346,7 +346,11 @@ def _when_all(futures: list[concurrent.futures.Future[Any]], then: Callable[[], 
 def _wait(futures: list[concurrent.futures.Future[Any]], clients: Sequence[Client]) -> None:
     """Wait for every host's answer; raise the first failure."""
     block(futures, clients)
-    for f in futures:
-        exc = f.exception()
-        if exc is not None:
-            raise exc
+    exc = _first_failure(futures)
+    if exc is not None:
+        raise exc
+
+
+def _first_failure(futures: list[concurrent.futures.Future[Any]]) -> BaseException | None:
+    """The error of the first of ``futures`` (all done) that failed, if any."""
+    return next((e for f in futures if (e := f.exception()) is not None), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import jax
@@ -108,16 +109,9 @@ def export_program(
                     vs.check_axes(spec)
                 except ValueError as exc:
                     raise ValueError(f"{self.name}: {what}: {exc}") from None
-    for i, spec in enumerate(in_specs):
-        # jax.jit refuses an in_sharding that does not split its argument evenly; the
-        # resharding below would pad it instead, so refuse it here as JAX does.
-        if isinstance(spec, PartitionSpec) and avals[i].ndim:
-            try:
-                vs.check_spec(spec, avals[i].shape)
-            except ValueError as exc:
-                raise ValueError(
-                    f"{self.name}: in_shardings for input {i} ({_aval_text(avals[i])}): {exc}"
-                ) from None
+    # jax.jit refuses an in_sharding that does not split its argument evenly; the
+    # resharding below would pad it instead, so refuse it here as JAX does.
+    _check_specs(self.name, vs, "in_shardings for input", avals, in_specs)
 
     def flat(*leaves: Any) -> list[Any]:
         xs = list(leaves)
@@ -163,7 +157,7 @@ def export_program(
             wanted = _broadcast_specs(user_out, out_holder[-1])
             dropped = {i for i, _ in float0_holder[-1]}
             wanted = [s for i, s in enumerate(wanted) if i not in dropped]
-            _check_out_specs(self.name, vs, shapes, wanted)
+            _check_specs(self.name, vs, "out_shardings for output", shapes, wanted)
             if any(s is not None for s in wanted):
                 out_sh = [None if s is None else NamedSharding(am, s) for s in wanted]
         exp = exported(out_sh)
@@ -232,19 +226,17 @@ _NOT_CANONICAL = (
 )
 
 
-def _check_out_specs(
-    name: str, vs: VirtualSlice, shapes: list[Any], wanted: list[PartitionSpec | None]
+def _check_specs(
+    name: str, vs: VirtualSlice, what: str, avals: Sequence[Any], specs: Sequence[Any]
 ) -> None:
-    """Refuse an out_sharding that does not split its output evenly, as in_shardings
-    are, before JAX says so of an abstract mesh."""
-    for i, (a, spec) in enumerate(zip(shapes, wanted, strict=True)):
-        if spec is not None and a.ndim:
+    """Refuse a PartitionSpec that does not split its array evenly over ``vs``, before
+    JAX says so of an abstract mesh (or a resharding pads it)."""
+    for i, (a, spec) in enumerate(zip(avals, specs, strict=True)):
+        if isinstance(spec, PartitionSpec) and a.ndim:
             try:
                 vs.check_spec(spec, tuple(a.shape))
             except ValueError as exc:
-                raise ValueError(
-                    f"{name}: out_shardings for output {i} ({_aval_text(a)}): {exc}"
-                ) from None
+                raise ValueError(f"{name}: {what} {i} ({_aval_text(a)}): {exc}") from None
 
 
 _CALLBACK = (

@@ -47,7 +47,7 @@ class _Stage:
     (a write that ends after that removes its own file)."""
 
     tenant: int
-    written: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)  # the files' own paths
     discarded: bool = False
 
 
@@ -110,7 +110,8 @@ class Checkpoints:
                 return
             sname = entry.origin[1]
             try:
-                target = pending_path(self.confined(path), self._stage(stage, tenant))
+                target = self.confined(path)
+                self._stage(stage, tenant)
                 _, arr = host_payload(entry.value)  # the copy: later launches may donate
             except Exception as exc:
                 answer(to_remote(exc, "invalid", program="save", slice=sname, host=self.host))
@@ -124,7 +125,7 @@ class Checkpoints:
                 answer(None)  # copied: the client may go on
             err = None
             try:
-                write_array(target, arr)
+                write_array(pending_path(target, stage), arr)
                 self._written(stage, target)
             except Exception as exc:
                 err = to_remote(exc, "invalid", program="save", slice=sname, host=self.host)
@@ -159,15 +160,16 @@ class Checkpoints:
         while len(self._stages) > KEPT_STAGES:
             self._stages.popitem(last=False)
 
-    def _written(self, stage: str, pending: str) -> None:
-        """Note a staged file written, or remove it if its save was discarded meanwhile."""
+    def _written(self, stage: str, path: str) -> None:
+        """Note the file for ``path`` written, or remove it if its save was discarded
+        meanwhile."""
         with self._lock:
             known = self._stages.get(stage)
             if known is not None and not known.discarded:
-                known.written.append(pending)
+                known.written.append(path)
                 return
         with contextlib.suppress(OSError):
-            os.remove(pending)
+            os.remove(pending_path(path, stage))
 
     def commit(self, identity: bytes, h: dict[str, Any], tenant: int) -> None:
         """Rename the files of the save ``h["stage"]`` into place (``keep``), or remove
@@ -202,9 +204,9 @@ class Checkpoints:
                     if keep:
                         _commit(written, stage)
                 finally:
-                    for pending in written:  # all renamed, or the save discarded
+                    for path in written:  # all renamed, or the save discarded
                         with contextlib.suppress(FileNotFoundError):
-                            os.remove(pending)
+                            os.remove(pending_path(path, stage))
                 reply: dict[str, Any] = {"t": "reply", "rid": rid}
             except Exception as exc:
                 err = to_remote(exc, "invalid", program="save", slice="", host=self.host)
@@ -277,18 +279,18 @@ class Checkpoints:
 def _commit(written: list[str], stage: str) -> None:
     """Rename a save's pending files into place; checked first, so that what can be
     foreseen does not leave the checkpoint committed in part."""
-    targets = [p.removesuffix(f".{stage}.pending") for p in written]
-    for pending, target in zip(written, targets, strict=True):
+    pending = [pending_path(p, stage) for p in written]
+    for staged, target in zip(pending, written, strict=True):
         if os.path.isdir(target):
             raise IsADirectoryError(
                 f"cannot save {target}: a folder is in its place; move it and save again"
             )
-        if not os.path.isfile(pending):
+        if not os.path.isfile(staged):
             raise FileNotFoundError(
-                f"cannot save {target}: the file written for it ({pending}) is gone; save again"
+                f"cannot save {target}: the file written for it ({staged}) is gone; save again"
             )
-    for pending, target in zip(written, targets, strict=True):
-        os.replace(pending, target)
+    for staged, target in zip(pending, written, strict=True):
+        os.replace(staged, target)
 
 
 def write_array(path: str, arr: np.ndarray) -> None:
