@@ -5,6 +5,7 @@ This package imports nothing else from ``pathways_nb``.
 """
 
 from pathways_nb._core._colocated import PAYLOAD_VERSION, Payload, Slot, fill, is_slot
+from pathways_nb._core._hlo import HloBlob, hlo_blob
 from pathways_nb._core._config import PROFILE_MAX_SECONDS, Config, default_config
 from pathways_nb._core._dtypes import as_bytes, decode_dtype, encode_dtype
 from pathways_nb._core._errors import (
@@ -76,6 +77,8 @@ __all__ = [
     "NonFiniteError",
     "PathwaysError",
     "Payload",
+    "HloBlob",
+    "hlo_blob",
     "ProtocolError",
     "RemoteError",
     "ResourceExhaustedError",

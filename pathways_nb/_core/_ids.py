@@ -44,9 +44,10 @@ def program_id(
     return hashlib.sha256(blob + key).hexdigest()[:24]
 
 
-# What a program's bytes are: a jax.export artifact the host compiles, or a pickled
-# Python function it calls (pw.colocated).
-PROGRAM_KINDS = ("xla", "python")
+# What a program's bytes are: a jax.export artifact the host compiles, a pickled
+# Python function it calls (pw.colocated), or StableHLO with XLA's compile options,
+# which plain JAX compiled through the IFRT proxy (pathways_nb.proxy).
+PROGRAM_KINDS = ("xla", "python", "hlo")
 
 # The names of jax.sharding.AxisType's members, as programs carry them on the wire.
 AXIS_TYPES = ("Auto", "Explicit", "Manual")

@@ -125,6 +125,14 @@ class ArrayIO(DaskPuts, ProgramCalls):
                 data = data.astype(canonical)
             dtype, shape = data.dtype, data.shape
         vs.check_spec(spec, shape)
+        handle = self._send_put(vs, data, spec, header)
+        return _weak_if_scalar(value, self._put_array(vs, handle, shape, dtype, spec, _LOCAL_LID))
+
+    def _send_put(
+        self, vs: VirtualSlice, data: np.ndarray, spec: PartitionSpec, header: dict[str, Any]
+    ) -> int:
+        """Send ``data`` (C-ordered, of a dtype hosts take) to ``vs``'s host, laid out by
+        ``spec`` (or what ``header`` adds); the new array's handle."""
         handle = self._ids.next()
         header.update(
             {
@@ -143,7 +151,21 @@ class ArrayIO(DaskPuts, ProgramCalls):
         )
         fut = self._io.host_request(vs.data_address, header, [as_bytes(data)])
         fut.add_done_callback(lambda f: self._put_done(f, handle))
-        return _weak_if_scalar(value, self._put_array(vs, handle, shape, dtype, spec, _LOCAL_LID))
+        return handle
+
+    def _put_hlo(
+        self, vs: VirtualSlice, data: np.ndarray, op_sharding: bytes, positions: list[int]
+    ) -> RemoteArray:
+        """A put laid out as XLA's ``OpSharding`` (serialized) says, over ``vs``'s
+        devices at ``positions``: how plain JAX's arrays arrive through the IFRT proxy.
+        The RemoteArray's own sharding says nothing of that layout; its owner keeps it."""
+        self._check_open()
+        vs._ready_for_work()
+        self._check_put_fits(vs, data.nbytes)
+        data = np.asarray(data, order="C")
+        header: dict[str, Any] = {"hlo_sharding": {"op": op_sharding, "positions": positions}}
+        handle = self._send_put(vs, data, PartitionSpec(), header)
+        return self._put_array(vs, handle, data.shape, data.dtype, PartitionSpec(), _LOCAL_LID)
 
     def _prefetch(self, x: RemoteArray) -> Any:
         self._check_open()

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from pathways_nb._core import RemoteError, decode_spec, encode_spec
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._hlo import HloProgram
 from pathways_nb.worker._python import Colocated
 from pathways_nb.worker._python import load as load_python
 from pathways_nb.worker._threads import as_host
@@ -32,7 +33,8 @@ log = logging.getLogger("pathways_nb.worker")
 @dataclasses.dataclass
 class Program:
     name: str
-    # The jax.export artifact; None for a client's Python function (pw.colocated).
+    # The jax.export artifact; None for a client's Python function (pw.colocated) and
+    # for StableHLO compiled with its own options (kind "hlo", from the IFRT proxy).
     exported: export.Exported | None
     # The client's encoded PartitionSpec per input, for inputs the export leaves free.
     in_specs: list[Any] = dataclasses.field(default_factory=list)
@@ -44,10 +46,13 @@ class Program:
     # The mesh axis types it was traced with (AxisType names; none: all Auto).
     axis_types: list[str] = dataclasses.field(default_factory=list)
     python: Colocated | None = None
+    hlo: HloProgram | None = None
 
     def __post_init__(self) -> None:
         if self.python is not None:
             self.out_nbytes = list(self.python.out_nbytes)
+        elif self.hlo is not None:
+            self.out_nbytes = list(self.hlo.out_nbytes)
         elif self.exported is not None:
             self.out_nbytes = [
                 0
@@ -157,6 +162,17 @@ class Programs:
                 return
             self._programs[pid] = Program(name, None, in_specs=list(in_specs), python=colocated)
             return
+        if kind == "hlo":
+            try:
+                hlo = HloProgram(name, blob)
+            except RemoteError as exc:
+                log.warning("program %s (%s): %s", name, pid, exc)
+                self._bad_programs[pid] = to_remote(
+                    exc, "invalid", program=name, slice="", host=self.host
+                )
+                return
+            self._programs[pid] = Program(name, None, hlo=hlo)
+            return
         try:
             exp = export.deserialize(bytearray(blob))
         except Exception as exc:  # a corrupt artifact is the client's problem, not ours
@@ -225,6 +241,8 @@ class Programs:
             prog = self.program(pid)
             if prog.python is not None:
                 fn = prog.python.bind(mesh)
+            elif prog.hlo is not None:
+                fn = prog.hlo.bind(mesh)
             else:
                 fn = self._compile(prog, mesh, donate)
         except BaseException as exc:
@@ -303,6 +321,11 @@ class Programs:
                 )
             donate = tuple(sorted(int(i) for i in h.get("donate") or ()))
             fn = self.executable(h["pid"], self.mesh(h["devices"], h["mesh"]), donate)
+            if self.program(h["pid"]).hlo is not None:
+                reply = {"t": "host_reply", "rid": h["rid"], "executable": fn.describe()}
+                if h.get("analysis"):
+                    reply |= _analysis(fn)
+                return reply
             specs = [
                 encode_spec(s.spec) if isinstance(s, NamedSharding) else None
                 for s in fn.output_shardings

@@ -57,6 +57,7 @@ from pathways_nb.wire._recvpool import POOL as RECEIVE_POOL
 from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._checkpoint import Checkpoints
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._hlo import placed_by
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
 from pathways_nb.worker._hostcopy import from_host
 from pathways_nb.worker._peers import CLIENT_REQUESTS, Peers
@@ -553,7 +554,13 @@ class Host:
     def _store_put(self, h: dict[str, Any], arr: np.ndarray) -> None:
         """Lay a put's value out on its slice's devices and store it."""
         mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
-        sharding = NamedSharding(mesh, decode_spec(h["spec"]))
+        hlo = h.get("hlo_sharding")
+        if isinstance(hlo, dict):
+            # Laid out as plain JAX asked through the IFRT proxy: an OpSharding over the
+            # slice's devices at these positions.
+            sharding = placed_by(mesh, hlo)
+        else:
+            sharding = NamedSharding(mesh, decode_spec(h["spec"]))
         self.store.reserve_check(arr.nbytes, tenant=handle_owner(int(h["handle"])))
         value = from_host(arr, sharding)
         impl = h.get("key_impl")

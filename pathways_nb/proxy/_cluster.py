@@ -1,0 +1,278 @@
+"""What a proxy session does on the cluster, through its own ``pw.Client``.
+
+Array bytes go between the proxy and the host that holds them, never through the
+controller; programs are launched through the controller, which orders them among every
+tenant's on the island.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import op_shardings
+from jax._src.lib import xla_client as xc
+from jax.sharding import PartitionSpec
+
+from pathways_nb._core import encode_dtype, encode_spec, hlo_blob, program_id
+from pathways_nb.client._export import Program
+from pathways_nb.proxy import _status
+from pathways_nb.proxy._layouts import Layout
+from pathways_nb.proxy._modules import Signature
+from pathways_nb.proxy._session import Entry
+from pathways_nb.proxy._status import ProxyError
+
+# What tells the proxy's programs apart from other programs of the same bytes.
+_KEY = b"pw.proxy"
+
+
+@dataclasses.dataclass
+class Executable:
+    """A program compiled on an island's host for some of its devices."""
+
+    program: Program
+    island: int
+    devices: tuple[int, ...]
+    positions: tuple[int, ...]
+    signature: Signature
+    info: dict[str, Any]
+    analysis: dict[str, Any]
+    out_layouts: list[Layout]
+    deleted: bool = False
+
+
+def _op(data: bytes) -> Any:
+    op = xc.OpSharding()
+    if data:
+        op.ParseFromString(data)
+    else:
+        op.type = xc.OpSharding.Type.REPLICATED
+    return op
+
+
+class ClusterBackend:
+    """A session's slices (one per island, each over all its devices) and the
+    operations on them. IFRT device ids count the islands' devices in order."""
+
+    def __init__(self, client: Any, name: str = "") -> None:
+        self.client = client
+        self.name = name
+        self.slices: list[Any] = []
+        # IFRT device id -> (island index, position among its slice's devices).
+        self.where: dict[int, tuple[int, int]] = {}
+        self.first: list[int] = []
+
+    def allocate(self, islands: int | None = None) -> None:
+        """One slice per island, over every device of it (or of the first ``islands``)."""
+        rows = self.client.status().rows["islands"]
+        cols = self.client.status().COLUMNS["islands"]
+        sizes = [int(r[cols.index("devices")]) for r in rows]
+        if islands is not None:
+            sizes = sizes[:islands]
+        if not sizes:
+            raise ProxyError(_status.UNAVAILABLE, "the cluster has no islands")
+        nid = 0
+        for i, n in enumerate(sizes):
+            vs = self.client.allocate({"devices": n}, name=f"{self.name or 'proxy'}-{i}")
+            self.slices.append(vs)
+            self.first.append(nid)
+            for p in range(n):
+                self.where[nid + p] = (i, p)
+            nid += n
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- devices --------------------------------------------------------------------
+    def describe(self, session_id: int, body: Any) -> None:
+        """Fill an ``InitResponse``: the session's devices, one memory each."""
+        platform = self.slices[0].platform if self.slices else "cpu"
+        body.session_id = session_id
+        body.platform_name = platform
+        body.platform_version = f"pathways_nb {_version()} (jax {jax.__version__})"
+        body.platform_id = _PLATFORM_IDS.get(platform, 0)
+        body.process_index = 0
+        body.runtime_type = "pathways_nb"
+        for nid, (island, pos) in sorted(self.where.items()):
+            vs = self.slices[island]
+            d = body.all_devices.add()
+            d.id = nid
+            d.local_device_id = nid
+            d.local_hardware_id = pos
+            d.platform_name = platform
+            d.device_kind = platform
+            d.default_memory_id = nid
+            d.memory_ids.append(nid)
+            d.debug_string = f"{platform}:{nid} (island {vs.island}, slice {vs.name})"
+            d.to_string = f"PathwaysDevice(id={nid}, slice_index={island})"
+            d.attributes.attributes["slice_index"].int64_value = island
+            d.attributes.attributes["island"].string_value = str(vs.island).encode()
+            m = body.memories.add()
+            m.id = nid
+            m.memory_space_kind = "device"
+            m.kind_id = 0
+            m.device_ids.append(nid)
+            m.debug_string = m.to_string = f"device memory of {platform}:{nid}"
+            body.primary_device_ids.append(nid)
+            body.addressable_device_ids.append(nid)
+
+    def place(self, devices: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        """The island and positions of these IFRT devices, which must share an island."""
+        try:
+            spots = [self.where[int(d)] for d in devices]
+        except KeyError as exc:
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"device {exc.args[0]} is not one of this session's (0..{len(self.where) - 1})",
+            ) from None
+        if not spots:
+            raise ProxyError(_status.INVALID_ARGUMENT, "an array or program names no devices")
+        islands = sorted({i for i, _ in spots})
+        if len(islands) > 1:
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"devices {list(devices)} lie on islands {islands}; a pathways_nb program or "
+                "array lives on the devices of one island (slice_index). Put the mesh on "
+                "one island's devices, and move arrays between islands with jax.device_put",
+            )
+        return islands[0], tuple(p for _, p in spots)
+
+    def default_devices(self, n: int) -> list[int]:
+        size = len(self.slices[0].devices) if self.slices else 0
+        if n > size:
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"{n} devices asked for by default; an island here has {size}",
+            )
+        return list(range(n))
+
+    # -- arrays -----------------------------------------------------------------------
+    def regions(self, layout: Layout, shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
+        """Each device's part of an array of ``shape`` laid out by ``layout``, in the
+        layout's device order."""
+        hlo = xc.HloSharding.from_proto(_op(layout.op))
+        return list(op_shardings.op_sharding_to_indices(hlo, shape, len(layout.devices)))
+
+    def put(self, value: np.ndarray, layout: Layout) -> Entry:
+        island, positions = self.place(layout.devices)
+        op = b"" if len(positions) == 1 else layout.op
+        remote = self.client._put_hlo(self.slices[island], value, op, list(positions))
+        return Entry(remote, tuple(value.shape), value.dtype, Layout(layout.devices, op), island)
+
+    def single(self, e: Entry, device: int) -> Entry:
+        """A single-device view of a replicated array: the same RemoteArray, read whole."""
+        return Entry(e.remote, e.shape, e.dtype, Layout((device,)), e.island, view=True)
+
+    def fetch(self, e: Entry) -> np.ndarray:
+        return np.asarray(self.client.fetch(e.remote))
+
+    def wait(self, entries: list[Entry]) -> None:
+        self.client.block_until_ready([e.remote for e in entries])
+
+    def delete(self, e: Entry) -> None:
+        remote, e.remote = e.remote, None
+        if remote is not None and not e.view:
+            remote.delete()
+
+    def relayout(self, e: Entry, layout: Layout) -> Entry:
+        if layout.devices == e.layout.devices and layout.op == e.layout.op and not e.view:
+            return Entry(e.remote, e.shape, e.dtype, e.layout, e.island, view=True)
+        return self.put(self.fetch(e), layout)
+
+    def disassemble(self, e: Entry) -> list[Entry]:
+        value = self.fetch(e)
+        regions = self.regions(e.layout, e.shape)
+        return [
+            self.put(np.ascontiguousarray(value[r]), Layout((d,)))
+            for d, r in zip(e.layout.devices, regions, strict=True)
+        ]
+
+    def assemble(self, parts: list[Entry], shape: tuple[int, ...], layout: Layout) -> Entry:
+        if len(parts) != len(layout.devices):
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"{len(parts)} single-device arrays for a sharding over {len(layout.devices)} devices",
+            )
+        value = np.zeros(shape, parts[0].dtype)
+        for part, region in zip(parts, self.regions(layout, shape), strict=True):
+            value[region] = self.fetch(part)
+        return self.put(value, layout)
+
+    # -- programs ---------------------------------------------------------------------
+    def compile(
+        self, module: bytes, options: bytes, devices: tuple[int, ...], signature: Signature
+    ) -> Executable:
+        island, positions = self.place(devices)
+        vs = self.slices[island]
+        outputs = [(shape, encode_dtype(dtype)) for shape, dtype in signature.results]
+        blob = hlo_blob(module, options, positions, outputs)
+        prog = Program(
+            pid=program_id(blob, _KEY, kind="hlo"),
+            name=signature.name,
+            blob=blob,
+            key=_KEY,
+            nin=len(signature.params),
+            out_tree=jax.tree.structure([0] * len(outputs)),
+            out_avals=[jax.ShapeDtypeStruct(s, d) for s, d in signature.results],
+            out_specs=[PartitionSpec()] * len(outputs),
+            donate=tuple(signature.donated),
+            platform=vs.platform,
+            in_specs=[encode_spec(PartitionSpec())] * len(signature.params),
+            kind="hlo",
+        )
+        self.client._register(prog, vs)
+        h = self.client._ask(
+            {
+                "t": "probe",
+                "slice": vs.id,
+                "pid": prog.pid,
+                "donate": list(prog.donate),
+                "analysis": True,
+            },
+            timeout=None,
+        )
+        info = h["executable"]
+        ops = [bytes(op) for op in info["out_shardings"]] or [b""] * len(outputs)
+        if len(ops) != len(outputs):
+            raise ProxyError(
+                _status.INTERNAL,
+                f"{signature.name} compiled to {len(ops)} output shardings for "
+                f"{len(outputs)} results",
+            )
+        out_layouts = [Layout(devices, b"" if len(devices) == 1 else op) for op in ops]
+        analysis = {k: h.get(k) for k in ("memory", "cost", "hlo")}
+        return Executable(prog, island, devices, positions, signature, info, analysis, out_layouts)
+
+    def launch(self, exe: Executable, args: list[Entry]) -> list[Entry]:
+        arrays = []
+        for i, a in enumerate(args):
+            if a.view or a.island != exe.island:
+                # A view (one device of a replicated array), or an array of another
+                # island: laid out as the program takes it first.
+                a = self.put(self.fetch(a), Layout(exe.devices, b""))
+                if exe.info["in_shardings"] and i < len(exe.info["in_shardings"]):
+                    op = bytes(exe.info["in_shardings"][i])
+                    if len(exe.devices) > 1:
+                        a = self.relayout(a, Layout(exe.devices, op))
+            arrays.append(a.remote)
+        outs = self.client._launch(exe.program, self.slices[exe.island], arrays)
+        for i in exe.program.donate:
+            if i < len(args):
+                args[i].deleted = True
+                args[i].remote = None
+        return [
+            Entry(r, tuple(r.shape), np.dtype(r.dtype), layout, exe.island)
+            for r, layout in zip(outs, exe.out_layouts, strict=True)
+        ]
+
+
+_PLATFORM_IDS = {"cpu": 0x8F6A0F2D, "cuda": 0x5F0F8C57, "rocm": 0x62A0C7B2, "tpu": 0x3F5D6E74}
+
+
+def _version() -> str:
+    from pathways_nb import __version__
+
+    return __version__

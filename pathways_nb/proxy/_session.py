@@ -1,0 +1,489 @@
+"""One IFRT proxy session: a JAX process's arrays and executables, as a tenant.
+
+Each session is a :class:`pathways_nb.Client` of its own (its name, weight, quotas,
+lease and event log are a tenant's), holding one virtual slice per island. IFRT device
+``i`` is a virtual device of those slices; the resource manager maps it onto a
+physical device, and remaps it when a host dies. Arrays are RemoteArrays laid out as
+the JAX client asked (an ``OpSharding`` over some of a slice's devices), and programs
+are the StableHLO modules ``jax.jit`` lowered, compiled and run by the island's host in
+its gang scheduler's order.
+
+Requests are handled in the order they arrive, on the session's own thread; those that
+wait for values (reads, readiness, futures) are answered from a pool when the values are
+there, so later requests are not held behind them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pathways_nb._core import RemoteError
+from pathways_nb.proxy import _status
+from pathways_nb.proxy._buffers import HostBuffers
+from pathways_nb.proxy._layouts import (
+    Layout,
+    dtype_of,
+    dtype_proto,
+    layout_of,
+    shape_of,
+    shape_proto,
+    sharding_proto,
+)
+from pathways_nb.proxy._protos import message
+from pathways_nb.proxy._status import ProxyError, unimplemented
+
+log = logging.getLogger("pathways_nb.proxy")
+
+# Handles the server makes start here: the client's own count up from 1.
+SERVER_HANDLES = 1 << 63
+# How long a request waits for the bytes of its host buffer.
+HOST_BUFFER_WAIT = 600.0
+
+Handler = Callable[[Any, Any], Any]
+
+
+@dataclasses.dataclass
+class Entry:
+    """An array of the session: its RemoteArray (None once deleted, or for an error
+    array), shape, dtype, layout and island (index among the session's slices);
+    ``error`` for an array that failed."""
+
+    remote: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    layout: Layout
+    island: int
+    error: BaseException | None = None
+    deleted: bool = False
+    # A second name for another entry's RemoteArray (one device of a replicated
+    # array): deleting it deletes nothing.
+    view: bool = False
+
+
+class Session:
+    """The state of one IFRT session and its handlers, one per request type.
+
+    ``backend`` is the :class:`~pathways_nb.proxy._cluster.ClusterBackend` that speaks
+    to the cluster for it."""
+
+    def __init__(self, session_id: int, backend: Any) -> None:
+        self.id = session_id
+        self.backend = backend
+        self.buffers = HostBuffers()
+        self.arrays: dict[int, Entry] = {}
+        self.executables: dict[int, Any] = {}
+        self.futures: dict[int, concurrent.futures.Future[None]] = {}
+        self._handles = itertools.count(SERVER_HANDLES)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            8, thread_name_prefix=f"pw-proxy-{session_id}"
+        )
+        self.closed = False
+
+    # -- the loop's side ------------------------------------------------------------------
+    def handle(self, req: Any) -> Any:
+        """The response to ``req``, or a Future of it for a request that waits."""
+        kind = req.WhichOneof("request")
+        resp = message("xla.ifrt.proxy.IfrtResponse")()
+        resp.response_metadata.op_id = req.request_metadata.op_id
+        fn = _HANDLERS.get(kind or "")
+        try:
+            if fn is None:
+                raise unimplemented(f"request {kind or '(empty)'}")
+            body = getattr(resp, kind.replace("_request", "_response"))
+            body.SetInParent()
+            out = fn(self, getattr(req, kind), body)
+        except Exception as exc:
+            return _failed(resp, exc, kind)
+        if isinstance(out, concurrent.futures.Future):
+            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+            def answered(f: concurrent.futures.Future[Any]) -> None:
+                exc = f.exception()
+                done.set_result(_failed(resp, exc, kind) if exc is not None else resp)
+
+            out.add_done_callback(answered)
+            return done
+        return resp
+
+    def later(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        return self._pool.submit(fn)
+
+    def new_handle(self) -> int:
+        return next(self._handles)
+
+    def close(self) -> None:
+        """End the session: its arrays and executables go, its slices are released."""
+        if self.closed:
+            return
+        self.closed = True
+        self.buffers.close()
+        self.arrays.clear()
+        self.executables.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.backend.close()
+
+    # -- arrays -----------------------------------------------------------------------
+    def entry(self, handle: int) -> Entry:
+        e = self.arrays.get(handle)
+        if e is None:
+            raise ProxyError(_status.NOT_FOUND, f"unknown array handle {handle}")
+        if e.error is not None:
+            raise e.error
+        if e.deleted or e.remote is None:
+            raise ProxyError(_status.INVALID_ARGUMENT, f"array {handle} was deleted")
+        return e
+
+    def store(self, handle: int, entry: Entry) -> None:
+        if handle == 0:
+            raise ProxyError(_status.INVALID_ARGUMENT, "array handle 0 is not a handle")
+        self.arrays[handle] = entry
+
+    def store_errors(self, handles: Any, exc: BaseException, shape: Any = ()) -> None:
+        """Later uses of these handles raise ``exc``: a request the client did not wait
+        for failed, and whoever reads its results hears why."""
+        for h in handles:
+            if h:
+                self.arrays[h] = Entry(None, tuple(shape), np.dtype(np.float32), Layout(()), -1, exc)
+
+
+def _failed(resp: Any, exc: BaseException, kind: str | None) -> Any:
+    resp.ClearField(kind.replace("_request", "_response")) if kind else None
+    _status.fill(resp.response_metadata.status, exc)
+    if not isinstance(exc, ProxyError | RemoteError):
+        log.warning("%s failed: %s", kind, _status.message_of(exc))
+    return resp
+
+
+# -- handlers ----------------------------------------------------------------------------
+def _init(s: Session, req: Any, body: Any) -> None:
+    s.backend.describe(s.id, body)
+
+
+def _make_array(s: Session, req: Any, body: Any) -> None:
+    handle = req.array_handle if req.HasField("array_handle") else req.host_buffer_handle
+    try:
+        data = s.buffers.take(req.host_buffer_handle, HOST_BUFFER_WAIT)
+        dtype, shape = dtype_of(req.dtype), shape_of(req.shape)
+        strides = list(req.byte_strides.strides) if req.HasField("byte_strides") else None
+        value = _from_bytes(data, dtype, shape, strides)
+        layout = layout_of(req.sharding)
+        s.store(handle, s.backend.put(value, layout))
+    except Exception as exc:
+        s.store_errors([handle], exc)
+        raise
+    body.array_handle = handle
+
+
+def _make_arrays_from_shards(s: Session, req: Any, body: Any) -> None:
+    handles = list(req.array_handles)
+    for i, spec in enumerate(req.specs):
+        handle = handles[i] if i < len(handles) else spec.host_buffers[0].host_buffer_handle
+        try:
+            aspec = spec.array_spec
+            dtype, shape = dtype_of(aspec.dtype), shape_of(aspec.shape)
+            layout = layout_of(aspec.sharding)
+            if len(spec.addressable_shard_indices) != len(spec.host_buffers):
+                raise ProxyError(
+                    _status.INVALID_ARGUMENT,
+                    f"{len(spec.host_buffers)} host buffers for "
+                    f"{len(spec.addressable_shard_indices)} lists of shard indices",
+                )
+            regions = s.backend.regions(layout, shape)
+            value = np.zeros(shape, dtype)
+            for indices, hb in zip(spec.addressable_shard_indices, spec.host_buffers, strict=True):
+                data = s.buffers.take(hb.host_buffer_handle, HOST_BUFFER_WAIT)
+                strides = list(hb.byte_strides.strides) if hb.HasField("byte_strides") else None
+                part = _from_bytes(data, dtype_of(hb.dtype), shape_of(hb.shape), strides)
+                for k in indices.indices:
+                    if not 0 <= k < len(regions):
+                        raise ProxyError(
+                            _status.INVALID_ARGUMENT,
+                            f"shard index {k} of an array over {len(regions)} devices",
+                        )
+                    value[regions[k]] = part
+            s.store(handle, s.backend.put(value, layout))
+        except Exception as exc:
+            s.store_errors([handle], exc)
+            raise
+        body.array_handles.append(handle)
+
+
+def _make_error_arrays(s: Session, req: Any, body: Any) -> None:
+    exc = ProxyError(req.error.code or _status.INTERNAL, req.error.message)
+    for h, spec in zip(req.array_handles, req.array_specs, strict=False):
+        s.arrays[h] = Entry(
+            None,
+            shape_of(spec.shape),
+            dtype_of(spec.dtype),
+            layout_of(spec.sharding),
+            -1,
+            exc,
+        )
+        body.array_handles.append(h)
+
+
+def _fully_replicated_shard(s: Session, req: Any, body: Any) -> None:
+    try:
+        e = s.entry(req.array_handle)
+        if not e.layout.replicated:
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"array {req.array_handle} is sharded; only a replicated array has one "
+                "shard holding all of it",
+            )
+        s.store(req.result_handle, s.backend.single(e, e.layout.devices[0]))
+    except Exception as exc:
+        s.store_errors([req.result_handle], exc)
+        raise
+    body.array_handle = req.result_handle
+
+
+def _copy_to_host(s: Session, req: Any, body: Any) -> concurrent.futures.Future[None]:
+    e = s.entry(req.array_handle)
+    strides = list(req.byte_strides.strides) if req.HasField("byte_strides") else None
+
+    def copy() -> None:
+        value = s.backend.fetch(e)
+        s.buffers.put(req.host_buffer_handle, _to_bytes(value, strides))
+
+    return s.later(copy)
+
+
+def _check_value_ready(s: Session, req: Any, body: Any) -> concurrent.futures.Future[None]:
+    entries = [s.entry(h) for h in req.value_handles]
+    return s.later(lambda: s.backend.wait(entries))
+
+
+def _check_future(s: Session, req: Any, body: Any) -> concurrent.futures.Future[None]:
+    fut = s.futures.pop(req.future_handle, None)
+    if fut is None:
+        raise ProxyError(_status.NOT_FOUND, f"unknown future handle {req.future_handle}")
+    return fut
+
+
+def _done_future(s: Session, exc: BaseException | None = None) -> int:
+    handle = s.new_handle()
+    fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
+    s.futures[handle] = fut
+    return handle
+
+
+def _delete_array(s: Session, req: Any, body: Any) -> None:
+    for h in req.array_handle:
+        e = s.arrays.get(h)
+        if e is not None and not e.deleted:
+            e.deleted = True
+            s.backend.delete(e)
+    body.deletion_future_handle = _done_future(s)
+
+
+def _destruct_array(s: Session, req: Any, body: Any) -> None:
+    for h in req.array_handle:
+        e = s.arrays.pop(h, None)
+        if e is not None and not e.deleted:
+            s.backend.delete(e)
+
+
+def _is_array_deleted(s: Session, req: Any, body: Any) -> None:
+    e = s.arrays.get(req.array_handle)
+    if e is None:
+        raise ProxyError(_status.NOT_FOUND, f"unknown array handle {req.array_handle}")
+    body.deleted = e.deleted or (e.remote is not None and e.remote.is_deleted())
+
+
+def _moved(
+    s: Session, handles: list[int], results: list[int], layouts: list[Layout], donate: bool
+) -> list[int]:
+    """The arrays at ``handles`` laid out anew as ``layouts``, under ``results``."""
+    out = []
+    for i, (h, r) in enumerate(zip(handles, results, strict=True)):
+        try:
+            e = s.entry(h)
+            s.store(r, s.backend.relayout(e, layouts[i]))
+            if donate:
+                e.deleted = True
+                s.backend.delete(e)
+        except Exception as exc:
+            s.store_errors([r], exc)
+            raise
+        out.append(r)
+    return out
+
+
+# ArrayCopySemantics.ARRAY_COPY_SEMANTICS_DONATE_INPUT: the inputs go with the request.
+_DONATE_INPUT = 3
+
+
+def _donates(semantics: int) -> bool:
+    return int(semantics) == _DONATE_INPUT
+
+
+def _copy_arrays(s: Session, req: Any, body: Any) -> None:
+    handles, results = list(req.array_handles), list(req.result_handles)
+    devices = tuple(req.device_ids)
+    layouts = []
+    for h in handles:
+        e = s.arrays.get(h)
+        if e is not None and len(devices) != len(e.layout.devices):
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"copying array {h} of {len(e.layout.devices)} devices onto {len(devices)}",
+            )
+        op = e.layout.op if e is not None else b""
+        kind = req.memory_kind if req.HasField("memory_kind") and req.memory_kind else "device"
+        layouts.append(Layout(devices, op, kind))
+    body.array_handles.extend(_moved(s, handles, results, layouts, _donates(req.copy_semantics)))
+
+
+def _reshard_arrays(s: Session, req: Any, body: Any) -> None:
+    layouts = [layout_of(spec.sharding) for spec in req.array_specs]
+    body.array_handles.extend(
+        _moved(
+            s,
+            list(req.array_handles),
+            list(req.result_handles),
+            layouts,
+            _donates(req.copy_semantics),
+        )
+    )
+
+
+def _disassemble(s: Session, req: Any, body: Any) -> None:
+    results = list(req.result_handles)
+    try:
+        e = s.entry(req.array_handle)
+        parts = s.backend.disassemble(e)
+        if len(parts) != len(results):
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"array {req.array_handle} has {len(parts)} shards; the request names "
+                f"{len(results)} result handles",
+            )
+        for r, part in zip(results, parts, strict=True):
+            s.store(r, part)
+        if _donates(req.copy_semantics):
+            e.deleted = True
+            s.backend.delete(e)
+    except Exception as exc:
+        s.store_errors(results, exc)
+        raise
+    body.array_handles.extend(results)
+
+
+def _assemble(s: Session, req: Any, body: Any) -> None:
+    try:
+        parts = [s.entry(h) for h in req.single_device_array_handles]
+        layout = layout_of(req.sharding)
+        shape = shape_of(req.shape)
+        s.store(req.result_handle, s.backend.assemble(parts, shape, layout))
+        if _donates(req.copy_semantics):
+            for p in parts:
+                p.deleted = True
+                s.backend.delete(p)
+    except Exception as exc:
+        s.store_errors([req.result_handle], exc)
+        raise
+    body.array_handle = req.result_handle
+
+
+def _default_device_assignment(s: Session, req: Any, body: Any) -> None:
+    n = int(req.num_replicas) * int(req.num_partitions)
+    ids = s.backend.default_devices(n)
+    da = body.device_assignment
+    da.replica_count = int(req.num_replicas)
+    da.computation_count = int(req.num_partitions)
+    for c in range(int(req.num_partitions)):
+        comp = da.computation_devices.add()
+        for r in range(int(req.num_replicas)):
+            comp.replica_device_ids.append(ids[r * int(req.num_partitions) + c])
+
+
+def _default_layout(s: Session, req: Any, body: Any) -> None:
+    n = len(req.dims)
+    body.serialized_pjrt_layout = ("{" + ",".join(str(i) for i in range(n - 1, -1, -1)) + "}").encode()
+
+
+def _from_bytes(
+    data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...], strides: list[int] | None
+) -> np.ndarray:
+    """The array a host buffer holds: C-ordered, or laid out by ``strides`` (bytes)."""
+    size = int(np.prod(shape)) * dtype.itemsize
+    if strides is None or list(strides) == _c_strides(shape, dtype.itemsize):
+        if len(data) != size:
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"a {shape} {dtype} array needs {size} bytes; its host buffer has {len(data)}",
+            )
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+    if len(strides) != len(shape) or any(s < 0 for s in strides):
+        raise ProxyError(_status.INVALID_ARGUMENT, f"byte strides {strides} for shape {shape}")
+    need = sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) + dtype.itemsize
+    need = need if size else 0
+    if len(data) < need:
+        raise ProxyError(
+            _status.INVALID_ARGUMENT,
+            f"byte strides {strides} of a {shape} {dtype} array reach {need} bytes; the "
+            f"host buffer has {len(data)}",
+        )
+    return np.array(np.ndarray(shape, dtype, buffer=data, strides=strides), copy=True)
+
+
+def _to_bytes(value: np.ndarray, strides: list[int] | None) -> bytes:
+    value = np.asarray(value)
+    if strides is None or list(strides) == _c_strides(value.shape, value.dtype.itemsize):
+        return np.ascontiguousarray(value).tobytes() if value.ndim else value.tobytes()
+    if len(strides) != value.ndim or any(s < 0 for s in strides):
+        raise ProxyError(
+            _status.INVALID_ARGUMENT, f"byte strides {strides} for shape {value.shape}"
+        )
+    need = sum((n - 1) * st for n, st in zip(value.shape, strides, strict=True)) + value.itemsize
+    out = bytearray(need if value.size else 0)
+    if value.size:
+        np.ndarray(value.shape, value.dtype, buffer=out, strides=strides)[...] = value
+    return bytes(out)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> list[int]:
+    out = []
+    step = itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(1, n)
+    return list(reversed(out))
+
+
+_HANDLERS: dict[str, Handler] = {
+    "init_request": _init,
+    "make_array_from_host_buffer_request": _make_array,
+    "make_arrays_from_host_buffer_shards_request": _make_arrays_from_shards,
+    "make_error_arrays_request": _make_error_arrays,
+    "fully_replicated_shard_request": _fully_replicated_shard,
+    "copy_to_host_buffer_request": _copy_to_host,
+    "check_value_ready_request": _check_value_ready,
+    "check_future_request": _check_future,
+    "delete_array_request": _delete_array,
+    "destruct_array_request": _destruct_array,
+    "is_array_deleted_request": _is_array_deleted,
+    "copy_arrays_request": _copy_arrays,
+    "reshard_arrays_request": _reshard_arrays,
+    "disassemble_into_single_device_arrays_request": _disassemble,
+    "assemble_array_from_single_device_arrays_request": _assemble,
+    "get_default_device_assignment_request": _default_device_assignment,
+    "get_default_layout_request": _default_layout,
+}
+
+
+def register(name: str, fn: Handler) -> None:
+    """Add the handler of a request type (the executables' module adds its own)."""
+    _HANDLERS[name] = fn
