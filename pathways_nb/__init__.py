@@ -40,6 +40,7 @@ _LAZY = {
     "restore": "pathways_nb.client",
     "as_completed": "pathways_nb.client",
     "jit": "pathways_nb.client",
+    "use_jax": "pathways_nb.proxy",
     "LocalCluster": "pathways_nb.deploy",
     "InProcessCluster": "pathways_nb.deploy",
     "Config": "pathways_nb._core",
@@ -100,6 +101,7 @@ if TYPE_CHECKING:
         wait,
     )
     from pathways_nb.deploy import InProcessCluster, LocalCluster
+    from pathways_nb.proxy import use_jax
 
 
 def load_ipython_extension(ip: Any) -> None:

@@ -3,9 +3,11 @@ what the hosts need to compile and run it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import jax
@@ -21,6 +23,31 @@ if TYPE_CHECKING:
 
 # The signature of the flat function a program is traced from: its leaves, positionally.
 _LEAVES = inspect.Signature([inspect.Parameter("leaves", inspect.Parameter.VAR_POSITIONAL)])
+
+
+_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _local_backend() -> Iterator[None]:
+    """JAX's default backend as this process's CPU one while a program is exported.
+    Under ``pw.use_jax`` the default is the IFRT proxy's client, which cannot
+    serialize programs (``jax.export`` asks the default backend how)."""
+    from jax._src import xla_bridge as xb
+
+    default = xb._default_backend
+    local = xb._backends.get("cpu")
+    if default is None or local is None or hasattr(default, "serialize_with_sdy"):
+        yield
+        return
+    with _SWAP:
+        xb._default_backend = local
+        xb.get_backend.cache_clear()
+        try:
+            yield
+        finally:
+            xb._default_backend = default
+            xb.get_backend.cache_clear()
 
 
 class TraceError(PathwaysError, ValueError):
@@ -148,7 +175,8 @@ def export_program(
             donate_argnums=donate,
             keep_unused=self.keep_unused,
         )
-        return export.export(jitted, platforms=(vs.platform,))(*avals)
+        with _local_backend():
+            return export.export(jitted, platforms=(vs.platform,))(*avals)
 
     try:
         out_sh: Any = None

@@ -96,7 +96,31 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--scheduler-file", help="read the address from this file instead")
     status.add_argument("--json", action="store_true", help="the tables as JSON")
     status.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for it")
-    for command in (demo, cluster, status):
+    proxy = sub.add_parser(
+        "proxy",
+        help="serve plain JAX on a running cluster: an IFRT proxy for JAX_PLATFORMS=proxy",
+        description="Start a gRPC server speaking JAX's IFRT proxy protocol in front of a "
+        "running cluster, print the environment a JAX process runs on it with, and serve "
+        "until SIGINT or SIGTERM. Each JAX process connecting is a tenant of the cluster, "
+        "holding one slice per island.",
+    )
+    proxy.add_argument("address", nargs="?", help="the Dask scheduler address, tcp://host:port")
+    proxy.add_argument("--scheduler-file", help="read the address from this file instead")
+    proxy.add_argument(
+        "--port", type=int, default=29000, help="the port to listen on (default 29000; 0: any)"
+    )
+    proxy.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: JAX's client speaks gRPC without "
+        "TLS, so the proxy serves this machine only unless told otherwise)",
+    )
+    proxy.add_argument("--name", default="", help="the tenant name of its sessions")
+    proxy.add_argument("--weight", type=_weight, default=1.0, help="their share weight")
+    proxy.add_argument(
+        "--islands", type=_count, default=None, help="slices on the first N islands only"
+    )
+    for command in (demo, cluster, status, proxy):
         # A usage error names the subcommand's own usage, not the top-level one.
         command.set_defaults(usage=command)
     sub.add_parser(
@@ -145,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     if args.command == "cluster":
         return _cluster(parser, args)
+    if args.command == "proxy":
+        return _proxy(parser, args)
     if args.command == "status":
         from pathways_nb._core import PathwaysError
         from pathways_nb.deploy._serve import read_address, status_report
@@ -192,6 +218,80 @@ def _cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except BrokenError as exc:  # a process of the cluster failed to start
         print(f"pathways-nb cluster: {exc}", file=sys.stderr)
         return 1
+
+
+def _proxy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``pathways-nb proxy``: the cluster checked reachable, then served until a signal."""
+    import signal
+    import threading
+
+    from pathways_nb._core import PathwaysError
+    from pathways_nb.deploy._serve import read_address
+
+    if not 0 <= args.port < 65536:
+        parser.error(f"--port is 0 (any free port) or a port number below 65536; got {args.port}")
+    try:
+        address = read_address(args.address, args.scheduler_file)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from pathways_nb.proxy import check_cluster, serve
+
+    try:
+        islands = check_cluster(address, args.scheduler_file)
+        server = serve(
+            None if args.scheduler_file else address,
+            scheduler_file=args.scheduler_file,
+            host=args.host,
+            port=args.port,
+            name=args.name,
+            weight=args.weight,
+            islands=args.islands,
+        )
+    except (PathwaysError, OSError) as exc:
+        print(f"pathways-nb proxy: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    parent = os.environ.get("PATHWAYS_PROXY_PARENT", "")
+    if parent.isdigit():
+        # Started by pw.use_jax: it ends with the process it serves.
+        threading.Thread(target=_watch_parent, args=(int(parent), stop), daemon=True).start()
+    print(
+        f"pathways-nb proxy: serving {islands} island(s) of {address} on "
+        f"{args.host}:{server.port}; run JAX on it with\n"
+        f"JAX_PLATFORMS=proxy JAX_BACKEND_TARGET=grpc://{args.host}:{server.port} "
+        "IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS=true",
+        flush=True,
+    )
+    stop.wait()
+    server.stop()
+    return 0
+
+
+def _watch_parent(pid: int, stop: Any) -> None:
+    import time
+
+    while not stop.is_set():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            stop.set()
+            return
+        except PermissionError:
+            pass
+        time.sleep(1.0)
+
+
+def _weight(raw: str) -> float:
+    """An argparse type: a share weight, a finite number above 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, such as 2; got {raw!r}")
+    return value
 
 
 def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:

@@ -6,7 +6,15 @@ and ``JAX_BACKEND_TARGET=grpc://HOST:PORT`` then runs on the cluster's devices, 
 its sessions a tenant of the cluster.
 """
 
-from pathways_nb.proxy._serve import backend_factory, serve
+from pathways_nb.proxy._serve import backend_factory, check_cluster, serve
+from pathways_nb.proxy._kernel import ProxyProcess, use_jax
 from pathways_nb.proxy._server import ProxyServer
 
-__all__ = ["ProxyServer", "backend_factory", "serve"]
+__all__ = [
+    "ProxyProcess",
+    "ProxyServer",
+    "backend_factory",
+    "check_cluster",
+    "serve",
+    "use_jax",
+]

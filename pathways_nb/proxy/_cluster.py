@@ -66,22 +66,33 @@ class ClusterBackend:
         self.first: list[int] = []
 
     def allocate(self, islands: int | None = None) -> None:
-        """One slice per island, over every device of it (or of the first ``islands``)."""
-        rows = self.client.status().rows["islands"]
-        cols = self.client.status().COLUMNS["islands"]
-        sizes = [int(r[cols.index("devices")]) for r in rows]
-        if islands is not None:
-            sizes = sizes[:islands]
-        if not sizes:
-            raise ProxyError(_status.UNAVAILABLE, "the cluster has no islands")
+        """One slice per island over the devices it has free (of the first ``islands``
+        islands, if given); IFRT ids count them island by island."""
+        status = self.client.status()
+        cols = status.COLUMNS["islands"]
+        rows = status.rows["islands"][: islands if islands is not None else None]
+        free = [(str(r[cols.index("island")]), int(r[cols.index("free")])) for r in rows]
+        if not any(n for _, n in free):
+            held = ", ".join(f"{i}" for i, _ in free) or "none"
+            raise ProxyError(
+                _status.RESOURCE_EXHAUSTED,
+                f"no island has free devices (islands: {held}); release slices other "
+                "clients hold, or start the proxy on a cluster with room",
+            )
+        got = {}
+        # Largest first: the resource manager places each on an island with room.
+        for island, n in sorted(free, key=lambda x: -x[1]):
+            if n:
+                vs = self.client.allocate({"devices": n}, name=f"{self.name or 'proxy'}-{island}")
+                got[vs.island] = vs
+        order = [i for i, _ in free]
+        self.slices = sorted(got.values(), key=lambda v: order.index(v.island) if v.island in order else len(order))
         nid = 0
-        for i, n in enumerate(sizes):
-            vs = self.client.allocate({"devices": n}, name=f"{self.name or 'proxy'}-{i}")
-            self.slices.append(vs)
+        for i, vs in enumerate(self.slices):
             self.first.append(nid)
-            for p in range(n):
+            for p in range(len(vs.devices)):
                 self.where[nid + p] = (i, p)
-            nid += n
+            nid += len(vs.devices)
 
     def close(self) -> None:
         self.client.close()

@@ -66,3 +66,17 @@ def serve(
     )
     server.start()
     return server
+
+
+def check_cluster(address: Any = None, scheduler_file: str | None = None) -> int:
+    """The number of islands of the cluster at ``address`` (or ``scheduler_file``),
+    asked as an observer; raises the client's error when it cannot be reached."""
+    from pathways_nb.client import Client
+
+    with Client(
+        None if scheduler_file else address,
+        scheduler_file=scheduler_file,
+        name="pathways-nb proxy",
+        observer=True,
+    ) as client:
+        return len(client.status().rows["islands"])

@@ -137,14 +137,8 @@ class ProxyServer:
         return resp
 
     def _session(self, requests: Iterator[Any], ctx: grpc.ServicerContext) -> Iterator[Any]:
-        init = _initialization_data(ctx)
-        try:
-            backend = self.factory(init)
-        except Exception as exc:
-            log.warning("a proxy session could not start: %s", exc)
-            ctx.abort(grpc.StatusCode.UNAVAILABLE, f"pathways_nb could not start a session: {exc}")
         sid = next(self._ids)
-        session = Session(sid, backend)
+        session = Session(sid, self.factory, _initialization_data(ctx))
         with self._lock:
             self._sessions[sid] = session
         out: queue.SimpleQueue[Any] = queue.SimpleQueue()

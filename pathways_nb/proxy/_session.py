@@ -73,9 +73,13 @@ class Session:
     ``backend`` is the :class:`~pathways_nb.proxy._cluster.ClusterBackend` that speaks
     to the cluster for it."""
 
-    def __init__(self, session_id: int, backend: Any) -> None:
+    def __init__(
+        self, session_id: int, factory: Callable[[dict[str, Any]], Any], init: dict[str, Any]
+    ) -> None:
         self.id = session_id
-        self.backend = backend
+        self._factory = factory
+        self._init_data = init
+        self.backend: Any = None
         self.buffers = HostBuffers()
         self.arrays: dict[int, Entry] = {}
         self.executables: dict[int, Any] = {}
@@ -94,6 +98,10 @@ class Session:
         resp.response_metadata.op_id = req.request_metadata.op_id
         fn = _HANDLERS.get(kind or "")
         try:
+            if self.backend is None and kind != "init_request":
+                raise ProxyError(
+                    _status.FAILED_PRECONDITION, f"{kind} before the session's init_request"
+                )
             if fn is None:
                 raise unimplemented(f"request {kind or '(empty)'}")
             body = getattr(resp, kind.replace("_request", "_response"))
@@ -127,7 +135,8 @@ class Session:
         self.arrays.clear()
         self.executables.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.backend.close()
+        if self.backend is not None:
+            self.backend.close()
 
     # -- arrays -----------------------------------------------------------------------
     def entry(self, handle: int) -> Entry:
@@ -163,6 +172,14 @@ def _failed(resp: Any, exc: BaseException, kind: str | None) -> Any:
 
 # -- handlers ----------------------------------------------------------------------------
 def _init(s: Session, req: Any, body: Any) -> None:
+    if s.backend is not None:
+        raise ProxyError(_status.FAILED_PRECONDITION, "the session was initialized already")
+    try:
+        s.backend = s._factory(s._init_data)
+    except Exception as exc:
+        raise ProxyError(
+            _status.UNAVAILABLE, f"pathways_nb could not start the session: {exc}"
+        ) from None
     s.backend.describe(s.id, body)
 
 
