@@ -42,6 +42,9 @@ _USAGE = """\
 %pathways timeline [--last 5s] [--static]     the asynchronous schedule over time
 %pathways trace FILE                          write the event log as a Perfetto/Chrome trace,
                                               once this client's launches have finished
+%pathways jax [--name NAME] [--weight W]      this kernel's plain JAX runs on the cluster:
+                                              jax.devices(), device_put and jit go there,
+                                              through an IFRT proxy (pw.use_jax)
 %pathways stop                                close the client (and the cluster it started)
 %%pathways --slice NAME                       run the cell with that slice as the default
 %%pathways --profile DIR [--trace FILE]       run the cell under XLA's profiler on the hosts
@@ -86,6 +89,7 @@ _COMMANDS = {
     "trace": _Command(
         "%pathways trace FILE", {}, 1, "one file name, e.g. %pathways trace step.json"
     ),
+    "jax": _Command("%pathways jax [--name NAME] [--weight W]", {"--name": str, "--weight": str}),
     "stop": _Command("%pathways stop", {}),
     "help": _Command("%pathways help", {}),
     "": _Command("%pathways", {}),
@@ -96,6 +100,32 @@ _CELL = _Command(
     words_wanted="only --slice NAME, --profile DIR and --trace FILE (the commands, such "
     "as status, are line magics: %pathways status on a line of its own)",
 )
+
+
+def _use_jax(client: pw.Client, options: dict[str, Any]) -> None:
+    """``%pathways jax``: says what it changes, then changes it."""
+    import jax
+
+    weight = 1.0
+    if "weight" in options:
+        try:
+            weight = float(options["weight"])
+        except ValueError:
+            raise UsageError(f"--weight takes a number above 0, e.g. 2; got {options['weight']!r}")
+    if not weight > 0 or weight != weight or weight == float("inf"):
+        raise UsageError(f"--weight takes a finite number above 0, e.g. 2; got {weight!r}")
+    before = jax.default_backend()
+    proxy = pw.use_jax(client, name=options.get("name"), weight=weight)
+    devices = jax.devices()
+    islands = sorted({getattr(d, "slice_index", 0) for d in devices})
+    print(
+        f"plain JAX in this kernel now runs on the cluster: jax.devices() lists its "
+        f"{len(devices)} devices on {len(islands)} island(s) (d.slice_index), and "
+        f"jax.device_put and jax.jit go there, through the proxy at {proxy.target} (a "
+        f"tenant of its own). JAX's {before} backend stays for pw.jit's tracing and the "
+        "arrays this kernel made before; an array on it given to a cluster program is "
+        "refused: jax.device_put it first."
+    )
 
 
 def _split(text: str) -> list[str]:
@@ -374,6 +404,8 @@ class PathwaysMagics(Magics):
             )
             _write_trace(client.events(), rest[0])
             return None
+        if command == "jax":
+            return _use_jax(s.require(), options)
         if command == "stop":
             s.stop()
             return None

@@ -33,7 +33,9 @@ def program_bytes(executable: Any, devices: int) -> int:
     if stats is None:
         return 0
     per_device = stats.output_size_in_bytes + stats.temp_size_in_bytes - stats.alias_size_in_bytes
-    return max(0, int(per_device)) * devices
+    # A StableHLO program from the proxy may run on some of the slice's devices only.
+    ran_on = getattr(executable, "devices", None)
+    return max(0, int(per_device)) * (len(ran_on) if ran_on else devices)
 
 
 def _gib(n: float) -> str:
