@@ -33,6 +33,7 @@ EXPERIMENTS: dict[str, tuple[list[str], list[str]]] = {
     "tls": ([], ["--quick"]),
     "profile": ([], ["--quick"]),
     "colocated": ([], ["--quick"]),
+    "proxy": ([], ["--quick"]),
 }
 
 

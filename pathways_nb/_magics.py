@@ -111,7 +111,9 @@ def _use_jax(client: pw.Client, options: dict[str, Any]) -> None:
         try:
             weight = float(options["weight"])
         except ValueError:
-            raise UsageError(f"--weight takes a number above 0, e.g. 2; got {options['weight']!r}")
+            raise UsageError(
+                f"--weight takes a number above 0, e.g. 2; got {options['weight']!r}"
+            ) from None
     if not weight > 0 or weight != weight or weight == float("inf"):
         raise UsageError(f"--weight takes a finite number above 0, e.g. 2; got {weight!r}")
     before = jax.default_backend()

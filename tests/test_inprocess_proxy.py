@@ -104,7 +104,9 @@ k1, k2 = jax.random.split(key)
 results = {
     "normal": np.asarray(jax.random.normal(k1, (5,))),
     "uniform": np.asarray(jax.random.uniform(k2, (2, 3))),
-    "categorical": np.asarray(jax.random.categorical(k1, jnp.log(jnp.array([0.2, 0.5, 0.3])), shape=(8,))),
+    "categorical": np.asarray(
+        jax.random.categorical(k1, jnp.log(jnp.array([0.2, 0.5, 0.3])), shape=(8,))
+    ),
     "bernoulli": np.asarray(jax.random.bernoulli(k2, 0.3, (10,))),
     "key_data": np.asarray(jax.random.key_data(k1)),
     "in_jit": np.asarray(jax.jit(lambda k: jax.random.normal(k, (3,)))(k2)),

@@ -5,7 +5,6 @@ This package imports nothing else from ``pathways_nb``.
 """
 
 from pathways_nb._core._colocated import PAYLOAD_VERSION, Payload, Slot, fill, is_slot
-from pathways_nb._core._hlo import HloBlob, hlo_blob
 from pathways_nb._core._config import PROFILE_MAX_SECONDS, Config, default_config
 from pathways_nb._core._dtypes import as_bytes, decode_dtype, encode_dtype
 from pathways_nb._core._errors import (
@@ -23,6 +22,7 @@ from pathways_nb._core._errors import (
     ResourceExhaustedError,
     VersionMismatchError,
 )
+from pathways_nb._core._hlo import HloBlob, hlo_blob
 from pathways_nb._core._ids import (
     AXIS_TYPES,
     PROGRAM_KINDS,
@@ -73,12 +73,11 @@ __all__ = [
     "Config",
     "DataLossError",
     "HandleAllocator",
+    "HloBlob",
     "Memory",
     "NonFiniteError",
     "PathwaysError",
     "Payload",
-    "HloBlob",
-    "hlo_blob",
     "ProtocolError",
     "RemoteError",
     "ResourceExhaustedError",
@@ -104,6 +103,7 @@ __all__ = [
     "fill",
     "foreign",
     "handle_owner",
+    "hlo_blob",
     "host_token",
     "is_slot",
     "local_versions",

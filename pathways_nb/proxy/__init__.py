@@ -6,8 +6,8 @@ and ``JAX_BACKEND_TARGET=grpc://HOST:PORT`` then runs on the cluster's devices, 
 its sessions a tenant of the cluster.
 """
 
-from pathways_nb.proxy._serve import backend_factory, check_cluster, serve
 from pathways_nb.proxy._kernel import ProxyProcess, use_jax
+from pathways_nb.proxy._serve import backend_factory, check_cluster, serve
 from pathways_nb.proxy._server import ProxyServer
 
 __all__ = [

@@ -86,7 +86,9 @@ class ClusterBackend:
                 vs = self.client.allocate({"devices": n}, name=f"{self.name or 'proxy'}-{island}")
                 got[vs.island] = vs
         order = [i for i, _ in free]
-        self.slices = sorted(got.values(), key=lambda v: order.index(v.island) if v.island in order else len(order))
+        self.slices = sorted(
+            got.values(), key=lambda v: order.index(v.island) if v.island in order else len(order)
+        )
         nid = 0
         for i, vs in enumerate(self.slices):
             self.first.append(nid)
@@ -205,7 +207,8 @@ class ClusterBackend:
         if len(parts) != len(layout.devices):
             raise ProxyError(
                 _status.INVALID_ARGUMENT,
-                f"{len(parts)} single-device arrays for a sharding over {len(layout.devices)} devices",
+                f"{len(parts)} single-device arrays for a sharding over "
+                f"{len(layout.devices)} devices",
             )
         value = np.zeros(shape, parts[0].dtype)
         for part, region in zip(parts, self.regions(layout, shape), strict=True):
@@ -284,6 +287,6 @@ _PLATFORM_IDS = {"cpu": 0x8F6A0F2D, "cuda": 0x5F0F8C57, "rocm": 0x62A0C7B2, "tpu
 
 
 def _version() -> str:
-    from pathways_nb import __version__
+    import pathways_nb
 
-    return __version__
+    return pathways_nb.__version__

@@ -76,8 +76,7 @@ class ProxyProcess:
             self.stop()
             err = self.process.stderr.read() if self.process.stderr else ""
             raise RuntimeError(
-                "the pathways_nb proxy did not start: "
-                + ("".join(lines) + err).strip()[-2000:]
+                "the pathways_nb proxy did not start: " + ("".join(lines) + err).strip()[-2000:]
             )
         return found[0]
 

@@ -68,7 +68,9 @@ def _aval(t: Any, what: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
     element = str(rt.element_type)
     dtype = _ELEMENTS.get(element)
     if dtype is None:
-        raise ModuleError(f"{what} has element type {element}, which pathways_nb's hosts do not hold")
+        raise ModuleError(
+            f"{what} has element type {element}, which pathways_nb's hosts do not hold"
+        )
     return tuple(int(n) for n in rt.shape), np.dtype(dtype)
 
 

@@ -188,7 +188,9 @@ class ProxyServer:
     def _store(self, chunks: Iterator[Any], ctx: grpc.ServicerContext) -> Any:
         raw = dict(ctx.invocation_metadata()).get(STORE_METADATA)
         if not isinstance(raw, bytes):
-            ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a host buffer store needs {STORE_METADATA}")
+            ctx.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"a host buffer store needs {STORE_METADATA}"
+            )
         md = message("xla.ifrt.proxy.GrpcHostBufferStoreMetadata").FromString(raw)
         session = self._find(md.session_id, ctx)
         parts = [c.data for c in chunks]

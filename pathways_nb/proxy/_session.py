@@ -30,11 +30,8 @@ from pathways_nb.proxy._buffers import HostBuffers
 from pathways_nb.proxy._layouts import (
     Layout,
     dtype_of,
-    dtype_proto,
     layout_of,
     shape_of,
-    shape_proto,
-    sharding_proto,
 )
 from pathways_nb.proxy._protos import message
 from pathways_nb.proxy._status import ProxyError, unimplemented
@@ -46,7 +43,7 @@ SERVER_HANDLES = 1 << 63
 # How long a request waits for the bytes of its host buffer.
 HOST_BUFFER_WAIT = 600.0
 
-Handler = Callable[[Any, Any], Any]
+Handler = Callable[["Session", Any, Any], Any]
 
 
 @dataclasses.dataclass
@@ -159,7 +156,9 @@ class Session:
         for failed, and whoever reads its results hears why."""
         for h in handles:
             if h:
-                self.arrays[h] = Entry(None, tuple(shape), np.dtype(np.float32), Layout(()), -1, exc)
+                self.arrays[h] = Entry(
+                    None, tuple(shape), np.dtype(np.float32), Layout(()), -1, exc
+                )
 
 
 def _failed(resp: Any, exc: BaseException, kind: str | None) -> Any:
@@ -428,7 +427,9 @@ def _default_device_assignment(s: Session, req: Any, body: Any) -> None:
 
 def _default_layout(s: Session, req: Any, body: Any) -> None:
     n = len(req.dims)
-    body.serialized_pjrt_layout = ("{" + ",".join(str(i) for i in range(n - 1, -1, -1)) + "}").encode()
+    body.serialized_pjrt_layout = (
+        "{" + ",".join(str(i) for i in range(n - 1, -1, -1)) + "}"
+    ).encode()
 
 
 def _from_bytes(

@@ -23,6 +23,7 @@ from jax._src.lib import xla_client as xc
 
 from pathways_nb._core import HloBlob, RemoteError, decode_dtype
 
+
 def op_sharding(data: bytes) -> Any:
     """XLA's ``OpSharding`` from its serialized bytes (empty: replicated)."""
     op = xc.OpSharding()
@@ -150,10 +151,11 @@ class HloExecutable:
 
     def __call__(self, *args: jax.Array) -> list[jax.Array]:
         for i, a in enumerate(args):
-            if list(a.sharding._device_assignment) != self.devices:
+            on: list[Any] = list(a.sharding._device_assignment)
+            if on != self.devices:
                 raise RemoteError(
                     f"argument {i} of {self.prog.name} lives on devices "
-                    f"{[d.id for d in a.sharding._device_assignment]}; the program runs on "
+                    f"{[d.id for d in on]}; the program runs on "
                     f"{[d.id for d in self.devices]}",
                     kind="invalid",
                 )

@@ -57,8 +57,8 @@ from pathways_nb.wire._recvpool import POOL as RECEIVE_POOL
 from pathways_nb.worker._answers import Answers
 from pathways_nb.worker._checkpoint import Checkpoints
 from pathways_nb.worker._errors import to_remote
-from pathways_nb.worker._hlo import placed_by
 from pathways_nb.worker._executor import Executor, ExecutorStatistics
+from pathways_nb.worker._hlo import placed_by
 from pathways_nb.worker._hostcopy import from_host
 from pathways_nb.worker._peers import CLIENT_REQUESTS, Peers
 from pathways_nb.worker._priority import lower_native_threads

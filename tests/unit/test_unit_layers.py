@@ -85,3 +85,9 @@ def test_jupyter_parts_and_data_pipelines_use_the_public_api(mod: str) -> None:
     public = {"pathways_nb", "pathways_nb.client", "pathways_nb.viz"}
     private = {m for m in _outside(mod) if m not in public and _role(m) != _role(mod)}
     assert private == set(), f"{mod} reaches past the public API: {sorted(private)}"
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in IMPORTS if _role(m) == "proxy"))
+def test_the_proxy_is_a_client_of_the_cluster(mod: str) -> None:
+    # It runs where a client runs: never the controller's or a host's code.
+    assert {_role(m) for m in _outside(mod)} <= {"_core", "client", ""}, sorted(_outside(mod))
