@@ -41,6 +41,7 @@ _LAZY = {
     "as_completed": "pathways_nb.client",
     "jit": "pathways_nb.client",
     "use_jax": "pathways_nb.proxy",
+    "stop_jax": "pathways_nb.proxy",
     "LocalCluster": "pathways_nb.deploy",
     "InProcessCluster": "pathways_nb.deploy",
     "Config": "pathways_nb._core",
@@ -101,7 +102,7 @@ if TYPE_CHECKING:
         wait,
     )
     from pathways_nb.deploy import InProcessCluster, LocalCluster
-    from pathways_nb.proxy import use_jax
+    from pathways_nb.proxy import stop_jax, use_jax
 
 
 def load_ipython_extension(ip: Any) -> None:

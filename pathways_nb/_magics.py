@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import shlex
+import sys
 import time
 from typing import Any
 
@@ -300,6 +301,9 @@ class Session:
 
     def stop(self) -> None:
         self._started = None
+        # This kernel's JAX leaves the cluster before the cluster goes.
+        if "pathways_nb.proxy" in sys.modules:
+            pw.stop_jax()
         if self.client is not None:
             self.client.close()
             self.client = None

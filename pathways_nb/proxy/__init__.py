@@ -6,7 +6,7 @@ and ``JAX_BACKEND_TARGET=grpc://HOST:PORT`` then runs on the cluster's devices, 
 its sessions a tenant of the cluster.
 """
 
-from pathways_nb.proxy._kernel import ProxyProcess, use_jax
+from pathways_nb.proxy._kernel import ProxyProcess, stop_jax, use_jax
 from pathways_nb.proxy._serve import backend_factory, check_cluster, serve
 from pathways_nb.proxy._server import ProxyServer
 
@@ -16,5 +16,6 @@ __all__ = [
     "backend_factory",
     "check_cluster",
     "serve",
+    "stop_jax",
     "use_jax",
 ]

@@ -110,7 +110,10 @@ def use_jax(client: Any, *, name: str | None = None, weight: float | None = None
     from jax.extend.backend import ifrt_proxy
 
     if "proxy" in _STATE:
-        return _STATE["proxy"]
+        proxy: ProxyProcess = _STATE["proxy"]
+        if proxy.process.poll() is None:
+            return proxy
+        stop_jax()  # its proxy ended (its cluster stopped): a new one
     address = getattr(client, "scheduler_address", None)
     if not address:
         raise ValueError(
@@ -136,3 +139,29 @@ def use_jax(client: Any, *, name: str | None = None, weight: float | None = None
     _STATE["proxy"] = proxy
     _STATE["backend"] = backend
     return proxy
+
+
+def stop_jax() -> bool:
+    """Undo :func:`use_jax`: JAX's default backend is this process's own again, and the
+    proxy ends (its session's arrays with it). Arrays made on the cluster cannot be
+    used afterwards. False if JAX was not on a cluster."""
+    import gc
+
+    import jax
+    from jax._src import xla_bridge
+
+    proxy = _STATE.pop("proxy", None)
+    backend = _STATE.pop("backend", None)
+    if proxy is None:
+        return False
+    with xla_bridge._backend_lock:
+        xla_bridge._backends.pop("proxy", None)
+        local = xla_bridge._backends.get("cpu") or next(iter(xla_bridge._backends.values()), None)
+        xla_bridge._default_backend = local
+    xla_bridge.get_backend.cache_clear()
+    # The compiled programs and the client go while the proxy still answers them.
+    jax.clear_caches()
+    del backend
+    gc.collect()
+    proxy.stop()
+    return True
