@@ -295,3 +295,71 @@ while not os.path.exists({str(go)!r}):
             time.sleep(0.02)
         tenants = observer.status().tenants
         assert "plain-jax" not in set(tenants["name"])
+
+
+def test_a_lost_host_is_data_loss_for_jax_and_new_work_runs_once_remapped(
+    tmp_path: Any,
+) -> None:
+    flags = {n: tmp_path / n for n in ("ready1", "go1", "ready2", "go2")}
+
+    def wait(name: str) -> str:
+        return f"""
+open({str(flags["ready" + name])!r}, "w").close()
+while not os.path.exists({str(flags["go" + name])!r}):
+    time.sleep(0.02)
+"""
+
+    body = (
+        """
+import time
+import numpy as np, jax, jax.numpy as jnp
+x = jax.device_put(np.arange(4.0, dtype=np.float32), jax.devices()[0])
+y = jax.jit(lambda v: v * 2)(x)
+y.block_until_ready()
+"""
+        + wait("1")
+        + """
+results = {}
+try:
+    jax.jit(lambda v: v + 1)(y).block_until_ready()
+    results["lost"] = "no error"
+except Exception as exc:
+    results["lost"] = f"{type(exc).__name__}: {exc}"
+"""
+        + wait("2")
+        + """
+z = jax.jit(lambda v: v * 3)(jax.device_put(np.ones(4, np.float32), jax.devices()[0]))
+results["after"] = np.asarray(z)
+"""
+    )
+
+    def until(path: Any, proc: subprocess.Popen[str]) -> None:
+        while not path.exists():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+
+    with pw.InProcessCluster(2, 2) as c:
+        server = serve(c, name="elastic")
+        try:
+            proc = start_jax(server, body, tmp_path)
+            until(flags["ready1"], proc)
+            with c.client() as observer:
+                status = observer.status()
+            cols = status.COLUMNS["slices"]
+            first = status.rows["islands"][0][status.COLUMNS["islands"].index("island")]
+            host = next(
+                r[cols.index("host")]
+                for r in status.rows["slices"]
+                if r[cols.index("name")] == f"elastic-{first}"
+            )
+            index = [h.name for h in c.hosts].index(host)
+            c.controller.host_lost(host, "test")
+            flags["go1"].touch()
+            until(flags["ready2"], proc)
+            c.restart_host(index)
+            flags["go2"].touch()
+            got = finish_jax(proc, tmp_path)
+        finally:
+            server.stop()
+    assert got["lost"].startswith("JaxRuntimeError: DATA_LOSS"), got["lost"]
+    np.testing.assert_array_equal(got["after"], np.full(4, 3.0, np.float32))
