@@ -185,14 +185,13 @@ class ClusterBackend:
     def wait(self, entries: list[Entry]) -> None:
         self.client.block_until_ready([e.remote for e in entries])
 
-    def delete(self, e: Entry) -> None:
-        remote, e.remote = e.remote, None
-        if remote is not None and not e.view:
-            remote.delete()
+    def copy(self, e: Entry) -> Entry:
+        """A copy of ``e`` of its own, on the same devices and layout."""
+        return self.put(self.fetch(e), e.layout)
 
     def relayout(self, e: Entry, layout: Layout) -> Entry:
         if layout.devices == e.layout.devices and layout.op == e.layout.op and not e.view:
-            return Entry(e.remote, e.shape, e.dtype, e.layout, e.island, view=True)
+            return Entry(e.remote, e.shape, e.dtype, e.layout, e.island)
         return self.put(self.fetch(e), layout)
 
     def disassemble(self, e: Entry) -> list[Entry]:
@@ -273,10 +272,6 @@ class ClusterBackend:
                         a = self.relayout(a, Layout(exe.devices, op))
             arrays.append(a.remote)
         outs = self.client._launch(exe.program, self.slices[exe.island], arrays)
-        for i in exe.program.donate:
-            if i < len(args):
-                args[i].deleted = True
-                args[i].remote = None
         return [
             Entry(r, tuple(r.shape), np.dtype(r.dtype), layout, exe.island)
             for r, layout in zip(outs, exe.out_layouts, strict=True)

@@ -152,8 +152,16 @@ def _execute(s: Session, req: Any, body: Any) -> Any:
                 f"{exe.program.name} takes {len(exe.signature.params)} arguments; got "
                 f"{len(req.args_handles)}",
             )
-        args = [s.entry(h) for h in req.args_handles]
+        given_args = [s.entry(h) for h in req.args_handles]
+        # A donated array another entry holds too (a view, a copy on the same layout)
+        # is copied first: the donation takes the copy's buffer only.
+        args = [
+            s.backend.copy(a) if i in exe.program.donate and s.shared(a) else a
+            for i, a in enumerate(given_args)
+        ]
         outs = s.backend.launch(exe, args)
+        for i in exe.program.donate:
+            s.drop(given_args[i])
     except Exception as exc:
         s.store_errors(handles, exc)
         raise

@@ -15,6 +15,7 @@ there, so later requests are not held behind them.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import itertools
@@ -59,8 +60,8 @@ class Entry:
     island: int
     error: BaseException | None = None
     deleted: bool = False
-    # A second name for another entry's RemoteArray (one device of a replicated
-    # array): deleting it deletes nothing.
+    # One device of a replicated array held over several: its RemoteArray is that
+    # array's, laid out over them all, so a program on the one device takes a copy.
     view: bool = False
 
 
@@ -79,6 +80,8 @@ class Session:
         self.backend: Any = None
         self.buffers = HostBuffers()
         self.arrays: dict[int, Entry] = {}
+        # How many entries hold each RemoteArray (by id; a held one stays alive).
+        self._holders: collections.Counter[int] = collections.Counter()
         self.executables: dict[int, Any] = {}
         self.futures: dict[int, concurrent.futures.Future[None]] = {}
         self._handles = itertools.count(SERVER_HANDLES)
@@ -149,7 +152,27 @@ class Session:
     def store(self, handle: int, entry: Entry) -> None:
         if handle == 0:
             raise ProxyError(_status.INVALID_ARGUMENT, "array handle 0 is not a handle")
+        old = self.arrays.get(handle)
+        if old is not None:
+            self.drop(old)
         self.arrays[handle] = entry
+        if entry.remote is not None:
+            self._holders[id(entry.remote)] += 1
+
+    def drop(self, e: Entry) -> None:
+        """``e`` is deleted: it lets go of its RemoteArray, which the host deletes once
+        no other entry holds it (a view of it, a copy onto the same layout)."""
+        e.deleted = True
+        remote, e.remote = e.remote, None
+        if remote is not None:
+            key = id(remote)
+            self._holders[key] -= 1
+            if self._holders[key] <= 0:
+                del self._holders[key]
+
+    def shared(self, e: Entry) -> bool:
+        """Whether another entry holds ``e``'s RemoteArray."""
+        return e.remote is not None and self._holders.get(id(e.remote), 0) > 1
 
     def store_errors(self, handles: Any, exc: BaseException, shape: Any = ()) -> None:
         """Later uses of these handles raise ``exc``: a request the client did not wait
@@ -299,16 +322,15 @@ def _delete_array(s: Session, req: Any, body: Any) -> None:
     for h in req.array_handle:
         e = s.arrays.get(h)
         if e is not None and not e.deleted:
-            e.deleted = True
-            s.backend.delete(e)
+            s.drop(e)
     body.deletion_future_handle = _done_future(s)
 
 
 def _destruct_array(s: Session, req: Any, body: Any) -> None:
     for h in req.array_handle:
         e = s.arrays.pop(h, None)
-        if e is not None and not e.deleted:
-            s.backend.delete(e)
+        if e is not None:
+            s.drop(e)
 
 
 def _is_array_deleted(s: Session, req: Any, body: Any) -> None:
@@ -328,8 +350,7 @@ def _moved(
             e = s.entry(h)
             s.store(r, s.backend.relayout(e, layouts[i]))
             if donate:
-                e.deleted = True
-                s.backend.delete(e)
+                s.drop(e)
         except Exception as exc:
             s.store_errors([r], exc)
             raise
@@ -389,8 +410,7 @@ def _disassemble(s: Session, req: Any, body: Any) -> None:
         for r, part in zip(results, parts, strict=True):
             s.store(r, part)
         if _donates(req.copy_semantics):
-            e.deleted = True
-            s.backend.delete(e)
+            s.drop(e)
     except Exception as exc:
         s.store_errors(results, exc)
         raise
@@ -405,8 +425,7 @@ def _assemble(s: Session, req: Any, body: Any) -> None:
         s.store(req.result_handle, s.backend.assemble(parts, shape, layout))
         if _donates(req.copy_semantics):
             for p in parts:
-                p.deleted = True
-                s.backend.delete(p)
+                s.drop(p)
     except Exception as exc:
         s.store_errors([req.result_handle], exc)
         raise
