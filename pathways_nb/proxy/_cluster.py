@@ -80,11 +80,11 @@ class ClusterBackend:
                 "clients hold, or start the proxy on a cluster with room",
             )
         got = {}
-        # Largest first: the resource manager places each on an island with room.
-        for island, n in sorted(free, key=lambda x: -x[1]):
-            if n:
-                vs = self.client.allocate({"devices": n}, name=f"{self.name or 'proxy'}-{island}")
-                got[vs.island] = vs
+        # Largest first: each then fits exactly one island of those left, whichever the
+        # resource manager picks among equals (so its name, the manager's, promises none).
+        for _, n in sorted((f for f in free if f[1]), key=lambda f: -f[1]):
+            vs = self.client.allocate({"devices": n})
+            got[vs.island] = vs
         order = [i for i, _ in free]
         self.slices = sorted(
             got.values(), key=lambda v: order.index(v.island) if v.island in order else len(order)
@@ -248,7 +248,10 @@ class ClusterBackend:
             timeout=None,
         )
         info = h["executable"]
-        ops = [bytes(op) for op in info["out_shardings"]] or [b""] * len(outputs)
+        # None reported (one device), or one for the empty tuple of a program without
+        # results.
+        ops = [bytes(op) for op in info["out_shardings"]] if outputs else []
+        ops = ops or [b""] * len(outputs)
         if len(ops) != len(outputs):
             raise ProxyError(
                 _status.INTERNAL,

@@ -106,6 +106,13 @@ class HloExecutable:
     def __init__(self, prog: HloProgram, devices: list[jax.Device]) -> None:
         self.prog = prog
         self.devices = devices
+        if devices[0].platform == "cpu":
+            # LAPACK's kernels (linalg's custom calls) find their functions only once
+            # initialized, as jax.export's call does: a program using them before would
+            # end the host's process.
+            from jax._src.lax import linalg
+
+            linalg.initialize_lapack()
         options = xc.CompileOptions.ParseFromString(prog.options)
         build = options.executable_build_options
         replicas = max(1, int(build.num_replicas))
@@ -124,8 +131,10 @@ class HloExecutable:
         self.loaded = devices[0].client.compile_and_load(
             code, xc.DeviceList(tuple(devices)), options
         )
-        # A program of one device reports no shardings: its outputs are on that device.
-        ops = [s.SerializeToString() for s in self.out_op_shardings] or [b""] * len(prog.out_shapes)
+        # A program of one device reports no shardings (its outputs are on that device),
+        # one without results one for its empty tuple.
+        ops = [s.SerializeToString() for s in self.out_op_shardings] if prog.out_shapes else []
+        ops = ops or [b""] * len(prog.out_shapes)
         self._out = [sharding(devices, op) for op in ops]
 
     @property
