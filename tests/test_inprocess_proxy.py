@@ -397,3 +397,53 @@ results["after"] = np.asarray(z)
             server.stop()
     assert got["lost"].startswith("JaxRuntimeError: DATA_LOSS"), got["lost"]
     np.testing.assert_array_equal(got["after"], np.full(4, 3.0, np.float32))
+
+
+def test_a_remap_plan_moves_shards_into_the_slots_it_names(cluster: pw.InProcessCluster) -> None:
+    from pathways_nb.proxy._layouts import Layout, dtype_proto, shape_proto, sharding_proto
+    from pathways_nb.proxy._protos import message
+    from pathways_nb.proxy._serve import backend_factory
+    from pathways_nb.proxy._session import Session
+
+    def split(n: int) -> bytes:
+        op = message("xla.OpSharding")(type=3, tile_assignment_dimensions=[n])
+        op.tile_assignment_devices.extend(range(n))
+        return op.SerializeToString()
+
+    def spec(shape: tuple[int, ...], layout: Layout) -> Any:
+        out = message("xla.ifrt.ArraySpecProto")()
+        out.dtype.CopyFrom(dtype_proto(np.dtype(np.float32)))
+        out.shape.CopyFrom(shape_proto(shape))
+        out.sharding.CopyFrom(sharding_proto(layout))
+        return out
+
+    session = Session(1, backend_factory(cluster, name="remap"), {})
+    req = message("xla.ifrt.proxy.IfrtRequest")()
+    req.init_request.SetInParent()
+    assert not session.handle(req).response_metadata.status.code
+    try:
+        a, b = np.arange(4.0, dtype=np.float32), np.arange(10.0, 14.0, dtype=np.float32)
+        la, lb, lo = (
+            Layout((0, 1), split(2)),
+            Layout((2, 3), split(2)),
+            Layout((0, 1, 2, 3), split(4)),
+        )
+        session.store(1, session.backend.put(a, la))
+        session.store(2, session.backend.put(b, lb))
+        req = message("xla.ifrt.proxy.IfrtRequest")()
+        remap = req.remap_arrays_request
+        remap.array_handles.extend([1, 2])
+        remap.result_handles.append(3)
+        remap.plan.input_specs.extend([spec((4,), la), spec((4,), lb)])
+        remap.plan.output_specs.append(spec((8,), lo))
+        for i, at in ((0, 0), (1, 2)):  # a's two shards, then b's, into the four slots
+            m = remap.plan.mappings.add(in_array=i, out_array=0)
+            m.from_start.append(0), m.from_end.append(2), m.from_step.append(1)
+            m.to_start.append(at), m.to_end.append(at + 2), m.to_step.append(1)
+        resp = session.handle(req)
+        assert not resp.response_metadata.status.code, resp.response_metadata.status.message
+        out = session.entry(3)
+        assert out.layout == lo
+        np.testing.assert_array_equal(session.backend.fetch(out), np.concatenate([a, b]))
+    finally:
+        session.close()

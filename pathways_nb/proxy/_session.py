@@ -108,6 +108,12 @@ class Session:
             body.SetInParent()
             out = fn(self, getattr(req, kind), body)
         except Exception as exc:
+            if kind is not None and kind in _MAKES:
+                # The client does not wait for these: whoever reads their results hears
+                # why they failed.
+                self.store_errors(
+                    [h for h in _made(getattr(req, kind), kind) if h not in self.arrays], exc
+                )
             return _failed(resp, exc, kind)
         if isinstance(out, concurrent.futures.Future):
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -182,6 +188,37 @@ class Session:
                 self.arrays[h] = Entry(
                     None, tuple(shape), np.dtype(np.float32), Layout(()), -1, exc
                 )
+
+
+# The requests that make arrays under handles the client chose.
+_MAKES = frozenset(
+    {
+        "make_array_from_host_buffer_request",
+        "make_arrays_from_host_buffer_shards_request",
+        "assemble_array_from_single_device_arrays_request",
+        "remap_arrays_request",
+        "bitcast_arrays_request",
+        "reshard_arrays_request",
+        "disassemble_into_single_device_arrays_request",
+        "copy_arrays_request",
+        "fully_replicated_shard_request",
+        "loaded_executable_execute_request",
+    }
+)
+
+
+def _made(req: Any, kind: str) -> list[int]:
+    """The handles a request of ``kind`` makes arrays under."""
+    out: list[int] = []
+    for field in ("result_handles", "result_handle", "result_array_handle"):
+        if field in req.DESCRIPTOR.fields_by_name:
+            value = getattr(req, field)
+            out.extend([value] if isinstance(value, int) else list(value))
+    if kind == "make_array_from_host_buffer_request":
+        out.append(req.array_handle or req.host_buffer_handle)
+    elif kind == "make_arrays_from_host_buffer_shards_request":
+        out.extend(req.array_handles)
+    return [h for h in out if h]
 
 
 def _failed(resp: Any, exc: BaseException, kind: str | None) -> Any:
@@ -396,6 +433,51 @@ def _reshard_arrays(s: Session, req: Any, body: Any) -> None:
     )
 
 
+def _intervals(starts: Any, ends: Any, steps: Any) -> list[int]:
+    return [k for a, b, c in zip(starts, ends, steps, strict=True) for k in range(a, b, c or 1)]
+
+
+def _remap_arrays(s: Session, req: Any, body: Any) -> None:
+    """Shards of the inputs moved into shard slots of the outputs, as the plan maps
+    them (``pathwaysutils``' reshard and JAX's transfers between device sets)."""
+    plan = req.plan
+    handles, results = list(req.array_handles), list(req.result_handles)
+    if len(plan.input_specs) != len(handles) or len(plan.output_specs) != len(results):
+        raise ProxyError(
+            _status.INVALID_ARGUMENT,
+            f"a remap plan of {len(plan.input_specs)} inputs and {len(plan.output_specs)} "
+            f"outputs given {len(handles)} arrays and {len(results)} result handles",
+        )
+    inputs = [s.entry(h) for h in handles]
+    outputs = []
+    for spec in plan.output_specs:
+        outputs.append(
+            (np.zeros(shape_of(spec.shape), dtype_of(spec.dtype)), layout_of(spec.sharding))
+        )
+    values: dict[int, np.ndarray] = {}
+    for m in plan.mappings:
+        src, (dst, dst_layout) = inputs[m.in_array], outputs[m.out_array]
+        if m.in_array not in values:
+            values[m.in_array] = s.backend.fetch(src)
+        rin = s.backend.regions(src.layout, src.shape)
+        rout = s.backend.regions(dst_layout, dst.shape)
+        froms = _intervals(m.from_start, m.from_end, m.from_step)
+        tos = _intervals(m.to_start, m.to_end, m.to_step)
+        if len(froms) != len(tos):
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"a remap mapping moves {len(froms)} shards into {len(tos)} slots",
+            )
+        for k, j in zip(froms, tos, strict=True):
+            dst[rout[j]] = values[m.in_array][rin[k]]
+    for r, (value, layout) in zip(results, outputs, strict=True):
+        s.store(r, s.backend.put(value, layout))
+    if _donates(req.copy_semantics):
+        for e in inputs:
+            s.drop(e)
+    body.array_handles.extend(results)
+
+
 def _disassemble(s: Session, req: Any, body: Any) -> None:
     results = list(req.result_handles)
     try:
@@ -515,6 +597,7 @@ _HANDLERS: dict[str, Handler] = {
     "copy_arrays_request": _copy_arrays,
     "reshard_arrays_request": _reshard_arrays,
     "disassemble_into_single_device_arrays_request": _disassemble,
+    "remap_arrays_request": _remap_arrays,
     "assemble_array_from_single_device_arrays_request": _assemble,
     "get_default_device_assignment_request": _default_device_assignment,
     "get_default_layout_request": _default_layout,
