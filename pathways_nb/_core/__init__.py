@@ -22,7 +22,7 @@ from pathways_nb._core._errors import (
     ResourceExhaustedError,
     VersionMismatchError,
 )
-from pathways_nb._core._hlo import HloBlob, hlo_blob
+from pathways_nb._core._hlo import HloBlob, hlo_blob, op_sharding
 from pathways_nb._core._ids import (
     AXIS_TYPES,
     PROGRAM_KINDS,
@@ -111,6 +111,7 @@ __all__ = [
     "missing_tls",
     "new_secret",
     "on_this_machine",
+    "op_sharding",
     "program_id",
     "shard_indices",
     "tenant_token",

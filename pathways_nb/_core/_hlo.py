@@ -57,6 +57,18 @@ class HloBlob:
             raise ValueError(f"malformed StableHLO program: {exc!r}") from None
 
 
+def op_sharding(data: bytes) -> Any:
+    """XLA's ``OpSharding`` from its serialized bytes (empty: replicated)."""
+    from jax._src.lib import xla_client as xc
+
+    op = xc.OpSharding()
+    if data:
+        op.ParseFromString(data)
+    else:
+        op.type = xc.OpSharding.Type.REPLICATED
+    return op
+
+
 def hlo_blob(
     module: bytes,
     options: bytes,

@@ -17,7 +17,7 @@ from jax._src import op_shardings
 from jax._src.lib import xla_client as xc
 from jax.sharding import PartitionSpec
 
-from pathways_nb._core import encode_dtype, encode_spec, hlo_blob, program_id
+from pathways_nb._core import encode_dtype, encode_spec, hlo_blob, op_sharding, program_id
 from pathways_nb.client._export import Program
 from pathways_nb.proxy import _status
 from pathways_nb.proxy._layouts import Layout
@@ -42,15 +42,6 @@ class Executable:
     analysis: dict[str, Any]
     out_layouts: list[Layout]
     deleted: bool = False
-
-
-def _op(data: bytes) -> Any:
-    op = xc.OpSharding()
-    if data:
-        op.ParseFromString(data)
-    else:
-        op.type = xc.OpSharding.Type.REPLICATED
-    return op
 
 
 class ClusterBackend:
@@ -166,7 +157,7 @@ class ClusterBackend:
     def regions(self, layout: Layout, shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
         """Each device's part of an array of ``shape`` laid out by ``layout``, in the
         layout's device order."""
-        hlo = xc.HloSharding.from_proto(_op(layout.op))
+        hlo = xc.HloSharding.from_proto(op_sharding(layout.op))
         return list(op_shardings.op_sharding_to_indices(hlo, shape, len(layout.devices)))
 
     def put(self, value: np.ndarray, layout: Layout) -> Entry:

@@ -21,17 +21,7 @@ from jax._src.interpreters import mlir
 from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 
-from pathways_nb._core import HloBlob, RemoteError, decode_dtype
-
-
-def op_sharding(data: bytes) -> Any:
-    """XLA's ``OpSharding`` from its serialized bytes (empty: replicated)."""
-    op = xc.OpSharding()
-    if data:
-        op.ParseFromString(data)
-    else:
-        op.type = xc.OpSharding.Type.REPLICATED
-    return op
+from pathways_nb._core import HloBlob, RemoteError, decode_dtype, op_sharding
 
 
 def sharding(devices: Sequence[jax.Device], data: bytes) -> Any:
