@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
@@ -123,17 +122,38 @@ def pool() -> descriptor_pool.DescriptorPool:
         return out
 
 
+_classes: dict[str, Any] = {}
+
+
 def message(full_name: str) -> Any:
     """The message class of ``full_name`` (``"xla.ifrt.proxy.IfrtRequest"``)."""
-    return _classes(full_name)
+    cls = _classes.get(full_name)
+    if cls is None:
+        descriptor = pool().FindMessageTypeByName(full_name)
+        # Classes are made under one lock: protobuf's runtime does not make two at once
+        # safely, and gRPC's threads each ask for theirs.
+        with _lock:
+            cls = _classes.get(full_name)
+            if cls is None:
+                cls = _classes[full_name] = message_factory.GetMessageClass(descriptor)
+    return cls
 
 
-@functools.cache
-def _classes(full_name: str) -> Any:
-    return message_factory.GetMessageClass(pool().FindMessageTypeByName(full_name))
+def preload() -> None:
+    """Make every message class of :data:`ROOTS` and their imports now, before any
+    thread of a server asks for one."""
+    p = pool()
+    seen: set[str] = set()
 
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        fd = p.FindFileByName(name)
+        for dep in fd.dependencies:
+            visit(dep.name)
+        for m in fd.message_types_by_name.values():
+            message(m.full_name)
 
-def preload(names: Iterable[str]) -> None:
-    """Make the classes of ``names`` now (the first use reads jaxlib's library)."""
-    for name in names:
-        message(name)
+    for root in ROOTS:
+        visit(root)

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from pathways_nb.proxy import _executables  # noqa: F401  (registers its handlers)
-from pathways_nb.proxy._protos import message
+from pathways_nb.proxy._protos import message, preload
 from pathways_nb.proxy._session import Session
 
 log = logging.getLogger("pathways_nb.proxy")
@@ -53,6 +53,7 @@ class ProxyServer:
     def start(self) -> int:
         if self._server is not None:
             return self.port
+        preload()
         server = grpc.server(
             futures.ThreadPoolExecutor(32, thread_name_prefix="pw-proxy-grpc"),
             options=[
