@@ -369,6 +369,35 @@ def _colocated(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _proxy(r: dict[str, Any]) -> list[Row]:
+    rt = r["roundtrip_ms"]
+    tok = r["samples"]["tokens_per_s"]
+    chained = r["samples"]["chained_calls_per_s"]
+    return [
+        (
+            "round trip of a tiny program, plain JAX through the IFRT proxy (ms; pw.jit)",
+            f"pw.jit {rt['pw']:.2f}, JAX {rt['plain_jax']:.3f}",
+            f"{rt['proxy']:.2f}",
+            f"{r['roundtrip_proxy_over_pw']:.1f}x",
+            "<= 2x",
+        ),
+        (
+            "transformer LM training through the IFRT proxy (tokens/s)",
+            f"JAX {tok['plain_jax']['median']:,.0f}",
+            f"{tok['proxy']['median']:,.0f}",
+            f"{r['training_proxy_over_plain_jax']:.2f}x",
+            ">= 0.95x",
+        ),
+        (
+            "chained all-reduce + add through the IFRT proxy (calls/s; pw.jit)",
+            f"pw.jit {chained['pw']['median']:,.0f}",
+            f"{chained['proxy']['median']:,.0f}",
+            f"{r['chained_proxy_over_pw']:.2f}x",
+            "",
+        ),
+    ]
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "dispatch": _dispatch,
     "size": _size,
@@ -383,6 +412,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "tls": _tls,
     "profile": _profile,
     "colocated": _colocated,
+    "proxy": _proxy,
 }
 
 

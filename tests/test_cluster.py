@@ -793,6 +793,7 @@ def test_every_benchmark_runs_quick_and_writes_json_a_plot_and_the_table(tmp_pat
         "tls",
         "profile",
         "colocated",
+        "proxy",
     }
     assert set(summary["experiments"]) == names
     for name in names:

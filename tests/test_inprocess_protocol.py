@@ -190,7 +190,11 @@ def test_a_programs_compiler_options_and_axis_types_are_bound_to_its_id(
     # And what the bytes are: an export, or a pickled function a host calls.
     for kind, pid, why in (
         ("python", program_id(blob, key), "the id is not the digest"),
-        ("shell", program_id(blob, key, kind="shell"), "kind must be one of ('xla', 'python')"),
+        (
+            "shell",
+            program_id(blob, key, kind="shell"),
+            "kind must be one of ('xla', 'python', 'hlo')",
+        ),
     ):
         sock.send_multipart([msgpack.packb({**header, "pid": pid, "kind": kind}), blob])
         reply = msgpack.unpackb(sock.recv_multipart()[0])
