@@ -107,18 +107,13 @@ def _use_jax(client: pw.Client, options: dict[str, Any]) -> None:
     """``%pathways jax``: says what it changes, then changes it."""
     import jax
 
-    weight = 1.0
-    if "weight" in options:
-        try:
-            weight = float(options["weight"])
-        except ValueError:
-            raise UsageError(
-                f"--weight takes a number above 0, e.g. 2; got {options['weight']!r}"
-            ) from None
-    if not weight > 0 or weight != weight or weight == float("inf"):
-        raise UsageError(f"--weight takes a finite number above 0, e.g. 2; got {weight!r}")
     before = jax.default_backend()
-    proxy = pw.use_jax(client, name=options.get("name"), weight=weight)
+    try:
+        # pw.use_jax checks the weight (and the cluster) before it starts anything.
+        weight = float(options.get("weight", 1.0))
+        proxy = pw.use_jax(client, name=options.get("name"), weight=weight)
+    except ValueError as exc:
+        raise UsageError(f"%pathways jax: {exc}") from None
     devices = jax.devices()
     islands = sorted({getattr(d, "slice_index", 0) for d in devices})
     print(

@@ -227,6 +227,7 @@ def _proxy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from pathways_nb._core import PathwaysError
     from pathways_nb.deploy._serve import read_address
+    from pathways_nb.deploy._watch import watch_parent
 
     if not 0 <= args.port < 65536:
         parser.error(f"--port is 0 (any free port) or a port number below 65536; got {args.port}")
@@ -253,10 +254,8 @@ def _proxy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    parent = os.environ.get("PATHWAYS_PROXY_PARENT", "")
-    if parent.isdigit():
-        # Started by pw.use_jax: it ends with the process it serves.
-        threading.Thread(target=_watch_parent, args=(int(parent), stop), daemon=True).start()
+    # Started by pw.use_jax (or beside a cluster that is): it ends with its parent.
+    watch_parent(stop.set)
     print(
         f"pathways-nb proxy: serving {islands} island(s) of {address} on "
         f"{args.host}:{server.port}; run JAX on it with\n"
@@ -269,29 +268,14 @@ def _proxy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch_parent(pid: int, stop: Any) -> None:
-    import time
-
-    while not stop.is_set():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            stop.set()
-            return
-        except PermissionError:
-            pass
-        time.sleep(1.0)
-
-
 def _weight(raw: str) -> float:
-    """An argparse type: a share weight, a finite number above 0."""
+    """An argparse type: a tenant's share weight, as ``pw.Client`` checks it."""
+    from pathways_nb._core import validate_weight
+
     try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, such as 2; got {raw!r}")
-    return value
+        return validate_weight(float(raw))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _check_writable(parser: argparse.ArgumentParser, path: str) -> None:

@@ -54,7 +54,6 @@ class ClusterBackend:
         self.slices: list[Any] = []
         # IFRT device id -> (island index, position among its slice's devices).
         self.where: dict[int, tuple[int, int]] = {}
-        self.first: list[int] = []
 
     def allocate(self, islands: int | None = None) -> None:
         """One slice per island over the devices it has free (of the first ``islands``
@@ -82,7 +81,6 @@ class ClusterBackend:
         )
         nid = 0
         for i, vs in enumerate(self.slices):
-            self.first.append(nid)
             for p in range(len(vs.devices)):
                 self.where[nid + p] = (i, p)
             nid += len(vs.devices)
@@ -97,7 +95,6 @@ class ClusterBackend:
         body.session_id = session_id
         body.platform_name = platform
         body.platform_version = f"pathways_nb {_version()} (jax {jax.__version__})"
-        body.platform_id = _PLATFORM_IDS.get(platform, 0)
         body.process_index = 0
         body.runtime_type = "pathways_nb"
         for nid, (island, pos) in sorted(self.where.items()):
@@ -255,24 +252,19 @@ class ClusterBackend:
 
     def launch(self, exe: Executable, args: list[Entry]) -> list[Entry]:
         arrays = []
+        takes = exe.info["in_shardings"]
         for i, a in enumerate(args):
             if a.view or a.island != exe.island:
                 # A view (one device of a replicated array), or an array of another
                 # island: laid out as the program takes it first.
-                a = self.put(self.fetch(a), Layout(exe.devices, b""))
-                if exe.info["in_shardings"] and i < len(exe.info["in_shardings"]):
-                    op = bytes(exe.info["in_shardings"][i])
-                    if len(exe.devices) > 1:
-                        a = self.relayout(a, Layout(exe.devices, op))
+                op = bytes(takes[i]) if i < len(takes) and len(exe.devices) > 1 else b""
+                a = self.put(self.fetch(a), Layout(exe.devices, op))
             arrays.append(a.remote)
         outs = self.client._launch(exe.program, self.slices[exe.island], arrays)
         return [
             Entry(r, tuple(r.shape), np.dtype(r.dtype), layout, exe.island)
             for r, layout in zip(outs, exe.out_layouts, strict=True)
         ]
-
-
-_PLATFORM_IDS = {"cpu": 0x8F6A0F2D, "cuda": 0x5F0F8C57, "rocm": 0x62A0C7B2, "tpu": 0x3F5D6E74}
 
 
 def _version() -> str:

@@ -77,11 +77,7 @@ def _compile(s: Session, req: Any, body: Any) -> None:
     body.device_ids.extend(devices)
     body.addressable_device_ids.extend(devices)
     # The client waits on this future before the first execute; the compile is done.
-    ready = s.new_handle()
-    done: concurrent.futures.Future[None] = concurrent.futures.Future()
-    done.set_result(None)
-    s.futures[ready] = done
-    body.ready_future_handle = ready
+    body.ready_future_handle = s.done_future()
     fp = exe.info.get("fingerprint") or b""
     if fp:
         body.fingerprint_value = bytes(fp)
@@ -119,14 +115,12 @@ def _metadata(s: Session, req: Any, body: Any) -> None:
     kinds.memory_kinds.extend(["device"] * len(exe.signature.results))
     body.donated_input_indices.SetInParent()
     body.donated_input_indices.donated_input_indices.extend(exe.program.donate)
-    memory = exe.analysis.get("memory") or info.get("memory")
+    memory = exe.analysis.get("memory")
     if memory:
         stats = body.compiled_memory_stats
         for name, value in memory.items():
-            field = name.replace("_in_bytes", "_bytes")
-            target_name = field if field in stats.DESCRIPTOR.fields_by_name else name
-            if target_name in stats.DESCRIPTOR.fields_by_name:
-                setattr(stats, target_name, int(value))
+            if name in stats.DESCRIPTOR.fields_by_name:
+                setattr(stats, name, int(value))
     body.size_of_generated_code_in_bytes = int(info.get("code_bytes") or 0)
 
 
@@ -145,26 +139,22 @@ def _execute(s: Session, req: Any, body: Any) -> Any:
         raise ProxyError(
             _status.INVALID_ARGUMENT, "a result status handle was given without fill_status"
         )
-    try:
-        if len(req.args_handles) != len(exe.signature.params):
-            raise ProxyError(
-                _status.INVALID_ARGUMENT,
-                f"{exe.program.name} takes {len(exe.signature.params)} arguments; got "
-                f"{len(req.args_handles)}",
-            )
-        given_args = [s.entry(h) for h in req.args_handles]
-        # A donated array another entry holds too (a view, a copy on the same layout)
-        # is copied first: the donation takes the copy's buffer only.
-        args = [
-            s.backend.copy(a) if i in exe.program.donate and s.shared(a) else a
-            for i, a in enumerate(given_args)
-        ]
-        outs = s.backend.launch(exe, args)
-        for i in exe.program.donate:
-            s.drop(given_args[i])
-    except Exception as exc:
-        s.store_errors(handles, exc)
-        raise
+    if len(req.args_handles) != len(exe.signature.params):
+        raise ProxyError(
+            _status.INVALID_ARGUMENT,
+            f"{exe.program.name} takes {len(exe.signature.params)} arguments; got "
+            f"{len(req.args_handles)}",
+        )
+    given_args = [s.entry(h) for h in req.args_handles]
+    # A donated array another entry holds too (a view, a copy on the same layout) is
+    # copied first: the donation takes the copy's buffer only.
+    args = [
+        s.backend.copy(a) if i in exe.program.donate and s.shared(a) else a
+        for i, a in enumerate(given_args)
+    ]
+    outs = s.backend.launch(exe, args)
+    for i in exe.program.donate:
+        s.drop(given_args[i])
     for h, e in zip(handles, outs, strict=True):
         s.store(h, e)
     if not given:
@@ -206,11 +196,7 @@ def _program_text(s: Session, req: Any, body: Any) -> None:
 def _delete(s: Session, req: Any, body: Any) -> None:
     exe = _executable(s, req.loaded_executable_handle)
     exe.deleted = True
-    handle = s.new_handle()
-    fut: concurrent.futures.Future[None] = concurrent.futures.Future()
-    fut.set_result(None)
-    s.futures[handle] = fut
-    body.future_handle = handle
+    body.future_handle = s.done_future()
 
 
 def _is_deleted(s: Session, req: Any, body: Any) -> None:

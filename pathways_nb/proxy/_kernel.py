@@ -15,8 +15,9 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
+
+from pathways_nb._core import validate_weight
 
 _TARGET = re.compile(r"JAX_BACKEND_TARGET=(grpc://\S+)")
 
@@ -27,10 +28,10 @@ class ProxyProcess:
 
     def __init__(self, address: str, name: str = "", weight: float = 1.0) -> None:
         env = dict(os.environ)
-        env["PATHWAYS_PROXY_PARENT"] = str(os.getpid())
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        if env.get("JAX_PLATFORMS", "").startswith("proxy"):
-            env["JAX_PLATFORMS"] = "cpu"
+        # What pathways_nb.deploy._watch reads: the proxy ends with this process.
+        env["PATHWAYS_PARENT_PID"] = str(os.getpid())
+        # The proxy runs no program itself: it only reads them.
+        env["JAX_PLATFORMS"] = "cpu"
         command = [
             sys.executable,
             "-m",
@@ -122,11 +123,10 @@ def use_jax(client: Any, *, name: str | None = None, weight: float | None = None
             "has no address another process can reach"
         )
     tenant = name if name is not None else f"{getattr(client, 'name', '') or 'notebook'}-jax"
-    proxy = ProxyProcess(address, tenant, float(weight if weight is not None else 1.0))
+    proxy = ProxyProcess(address, tenant, validate_weight(1.0 if weight is None else weight))
     os.environ.setdefault("IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS", "true")
-    deadline = time.monotonic() + 60
     options = ifrt_proxy.ClientConnectionOptions()
-    options.connection_timeout_in_seconds = max(1, int(deadline - time.monotonic()))
+    options.connection_timeout_in_seconds = 60
     backend = ifrt_proxy.get_client(proxy.target, options)
     xla_bridge.backends()  # the local backends, if they have not started yet
     with xla_bridge._backend_lock:

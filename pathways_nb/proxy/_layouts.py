@@ -102,10 +102,6 @@ class Layout:
         return bool(op.type == message("xla.OpSharding").REPLICATED)
 
 
-def replicated_op() -> bytes:
-    return b""
-
-
 def layout_of(proto: Any) -> Layout:
     """The :class:`Layout` of a ``ShardingProto``."""
     ser = proto.serialized_sharding

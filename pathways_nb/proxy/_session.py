@@ -180,14 +180,20 @@ class Session:
         """Whether another entry holds ``e``'s RemoteArray."""
         return e.remote is not None and self._holders.get(id(e.remote), 0) > 1
 
-    def store_errors(self, handles: Any, exc: BaseException, shape: Any = ()) -> None:
+    def store_errors(self, handles: Any, exc: BaseException) -> None:
         """Later uses of these handles raise ``exc``: a request the client did not wait
         for failed, and whoever reads its results hears why."""
         for h in handles:
             if h:
-                self.arrays[h] = Entry(
-                    None, tuple(shape), np.dtype(np.float32), Layout(()), -1, exc
-                )
+                self.arrays[h] = Entry(None, (), np.dtype(np.float32), Layout(()), -1, exc)
+
+    def done_future(self) -> int:
+        """The handle of a future already done, for the client to redeem."""
+        handle = self.new_handle()
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        fut.set_result(None)
+        self.futures[handle] = fut
+        return handle
 
 
 # The requests that make arrays under handles the client chose.
@@ -222,7 +228,8 @@ def _made(req: Any, kind: str) -> list[int]:
 
 
 def _failed(resp: Any, exc: BaseException, kind: str | None) -> Any:
-    resp.ClearField(kind.replace("_request", "_response")) if kind else None
+    if kind:
+        resp.ClearField(kind.replace("_request", "_response"))
     _status.fill(resp.response_metadata.status, exc)
     if not isinstance(exc, ProxyError | RemoteError):
         log.warning("%s failed: %s", kind, _status.message_of(exc))
@@ -244,16 +251,11 @@ def _init(s: Session, req: Any, body: Any) -> None:
 
 def _make_array(s: Session, req: Any, body: Any) -> None:
     handle = req.array_handle if req.HasField("array_handle") else req.host_buffer_handle
-    try:
-        data = s.buffers.take(req.host_buffer_handle, HOST_BUFFER_WAIT)
-        dtype, shape = dtype_of(req.dtype), shape_of(req.shape)
-        strides = list(req.byte_strides.strides) if req.HasField("byte_strides") else None
-        value = _from_bytes(data, dtype, shape, strides)
-        layout = layout_of(req.sharding)
-        s.store(handle, s.backend.put(value, layout))
-    except Exception as exc:
-        s.store_errors([handle], exc)
-        raise
+    data = s.buffers.take(req.host_buffer_handle, HOST_BUFFER_WAIT)
+    dtype, shape = dtype_of(req.dtype), shape_of(req.shape)
+    strides = list(req.byte_strides.strides) if req.HasField("byte_strides") else None
+    value = _from_bytes(data, dtype, shape, strides)
+    s.store(handle, s.backend.put(value, layout_of(req.sharding)))
     body.array_handle = handle
 
 
@@ -261,33 +263,29 @@ def _make_arrays_from_shards(s: Session, req: Any, body: Any) -> None:
     handles = list(req.array_handles)
     for i, spec in enumerate(req.specs):
         handle = handles[i] if i < len(handles) else spec.host_buffers[0].host_buffer_handle
-        try:
-            aspec = spec.array_spec
-            dtype, shape = dtype_of(aspec.dtype), shape_of(aspec.shape)
-            layout = layout_of(aspec.sharding)
-            if len(spec.addressable_shard_indices) != len(spec.host_buffers):
-                raise ProxyError(
-                    _status.INVALID_ARGUMENT,
-                    f"{len(spec.host_buffers)} host buffers for "
-                    f"{len(spec.addressable_shard_indices)} lists of shard indices",
-                )
-            regions = s.backend.regions(layout, shape)
-            value = np.zeros(shape, dtype)
-            for indices, hb in zip(spec.addressable_shard_indices, spec.host_buffers, strict=True):
-                data = s.buffers.take(hb.host_buffer_handle, HOST_BUFFER_WAIT)
-                strides = list(hb.byte_strides.strides) if hb.HasField("byte_strides") else None
-                part = _from_bytes(data, dtype_of(hb.dtype), shape_of(hb.shape), strides)
-                for k in indices.indices:
-                    if not 0 <= k < len(regions):
-                        raise ProxyError(
-                            _status.INVALID_ARGUMENT,
-                            f"shard index {k} of an array over {len(regions)} devices",
-                        )
-                    value[regions[k]] = part
-            s.store(handle, s.backend.put(value, layout))
-        except Exception as exc:
-            s.store_errors([handle], exc)
-            raise
+        aspec = spec.array_spec
+        dtype, shape = dtype_of(aspec.dtype), shape_of(aspec.shape)
+        layout = layout_of(aspec.sharding)
+        if len(spec.addressable_shard_indices) != len(spec.host_buffers):
+            raise ProxyError(
+                _status.INVALID_ARGUMENT,
+                f"{len(spec.host_buffers)} host buffers for "
+                f"{len(spec.addressable_shard_indices)} lists of shard indices",
+            )
+        regions = s.backend.regions(layout, shape)
+        value = np.zeros(shape, dtype)
+        for indices, hb in zip(spec.addressable_shard_indices, spec.host_buffers, strict=True):
+            data = s.buffers.take(hb.host_buffer_handle, HOST_BUFFER_WAIT)
+            strides = list(hb.byte_strides.strides) if hb.HasField("byte_strides") else None
+            part = _from_bytes(data, dtype_of(hb.dtype), shape_of(hb.shape), strides)
+            for k in indices.indices:
+                if not 0 <= k < len(regions):
+                    raise ProxyError(
+                        _status.INVALID_ARGUMENT,
+                        f"shard index {k} of an array over {len(regions)} devices",
+                    )
+                value[regions[k]] = part
+        s.store(handle, s.backend.put(value, layout))
         body.array_handles.append(handle)
 
 
@@ -306,18 +304,14 @@ def _make_error_arrays(s: Session, req: Any, body: Any) -> None:
 
 
 def _fully_replicated_shard(s: Session, req: Any, body: Any) -> None:
-    try:
-        e = s.entry(req.array_handle)
-        if not e.layout.replicated:
-            raise ProxyError(
-                _status.INVALID_ARGUMENT,
-                f"array {req.array_handle} is sharded; only a replicated array has one "
-                "shard holding all of it",
-            )
-        s.store(req.result_handle, s.backend.single(e, e.layout.devices[0]))
-    except Exception as exc:
-        s.store_errors([req.result_handle], exc)
-        raise
+    e = s.entry(req.array_handle)
+    if not e.layout.replicated:
+        raise ProxyError(
+            _status.INVALID_ARGUMENT,
+            f"array {req.array_handle} is sharded; only a replicated array has one "
+            "shard holding all of it",
+        )
+    s.store(req.result_handle, s.backend.single(e, e.layout.devices[0]))
     body.array_handle = req.result_handle
 
 
@@ -344,23 +338,12 @@ def _check_future(s: Session, req: Any, body: Any) -> concurrent.futures.Future[
     return fut
 
 
-def _done_future(s: Session, exc: BaseException | None = None) -> int:
-    handle = s.new_handle()
-    fut: concurrent.futures.Future[None] = concurrent.futures.Future()
-    if exc is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(exc)
-    s.futures[handle] = fut
-    return handle
-
-
 def _delete_array(s: Session, req: Any, body: Any) -> None:
     for h in req.array_handle:
         e = s.arrays.get(h)
         if e is not None and not e.deleted:
             s.drop(e)
-    body.deletion_future_handle = _done_future(s)
+    body.deletion_future_handle = s.done_future()
 
 
 def _destruct_array(s: Session, req: Any, body: Any) -> None:
@@ -381,18 +364,12 @@ def _moved(
     s: Session, handles: list[int], results: list[int], layouts: list[Layout], donate: bool
 ) -> list[int]:
     """The arrays at ``handles`` laid out anew as ``layouts``, under ``results``."""
-    out = []
-    for i, (h, r) in enumerate(zip(handles, results, strict=True)):
-        try:
-            e = s.entry(h)
-            s.store(r, s.backend.relayout(e, layouts[i]))
-            if donate:
-                s.drop(e)
-        except Exception as exc:
-            s.store_errors([r], exc)
-            raise
-        out.append(r)
-    return out
+    for h, r, layout in zip(handles, results, layouts, strict=True):
+        e = s.entry(h)
+        s.store(r, s.backend.relayout(e, layout))
+        if donate:
+            s.drop(e)
+    return results
 
 
 # ArrayCopySemantics.ARRAY_COPY_SEMANTICS_DONATE_INPUT: the inputs go with the request.
@@ -406,6 +383,7 @@ def _donates(semantics: int) -> bool:
 def _copy_arrays(s: Session, req: Any, body: Any) -> None:
     handles, results = list(req.array_handles), list(req.result_handles)
     devices = tuple(req.device_ids)
+    kind = req.memory_kind if req.HasField("memory_kind") and req.memory_kind else "device"
     layouts = []
     for h in handles:
         e = s.arrays.get(h)
@@ -415,7 +393,6 @@ def _copy_arrays(s: Session, req: Any, body: Any) -> None:
                 f"copying array {h} of {len(e.layout.devices)} devices onto {len(devices)}",
             )
         op = e.layout.op if e is not None else b""
-        kind = req.memory_kind if req.HasField("memory_kind") and req.memory_kind else "device"
         layouts.append(Layout(devices, op, kind))
     body.array_handles.extend(_moved(s, handles, results, layouts, _donates(req.copy_semantics)))
 
@@ -480,37 +457,28 @@ def _remap_arrays(s: Session, req: Any, body: Any) -> None:
 
 def _disassemble(s: Session, req: Any, body: Any) -> None:
     results = list(req.result_handles)
-    try:
-        e = s.entry(req.array_handle)
-        parts = s.backend.disassemble(e)
-        if len(parts) != len(results):
-            raise ProxyError(
-                _status.INVALID_ARGUMENT,
-                f"array {req.array_handle} has {len(parts)} shards; the request names "
-                f"{len(results)} result handles",
-            )
-        for r, part in zip(results, parts, strict=True):
-            s.store(r, part)
-        if _donates(req.copy_semantics):
-            s.drop(e)
-    except Exception as exc:
-        s.store_errors(results, exc)
-        raise
+    e = s.entry(req.array_handle)
+    parts = s.backend.disassemble(e)
+    if len(parts) != len(results):
+        raise ProxyError(
+            _status.INVALID_ARGUMENT,
+            f"array {req.array_handle} has {len(parts)} shards; the request names "
+            f"{len(results)} result handles",
+        )
+    for r, part in zip(results, parts, strict=True):
+        s.store(r, part)
+    if _donates(req.copy_semantics):
+        s.drop(e)
     body.array_handles.extend(results)
 
 
 def _assemble(s: Session, req: Any, body: Any) -> None:
-    try:
-        parts = [s.entry(h) for h in req.single_device_array_handles]
-        layout = layout_of(req.sharding)
-        shape = shape_of(req.shape)
-        s.store(req.result_handle, s.backend.assemble(parts, shape, layout))
-        if _donates(req.copy_semantics):
-            for p in parts:
-                s.drop(p)
-    except Exception as exc:
-        s.store_errors([req.result_handle], exc)
-        raise
+    parts = [s.entry(h) for h in req.single_device_array_handles]
+    layout = layout_of(req.sharding)
+    s.store(req.result_handle, s.backend.assemble(parts, shape_of(req.shape), layout))
+    if _donates(req.copy_semantics):
+        for p in parts:
+            s.drop(p)
     body.array_handle = req.result_handle
 
 

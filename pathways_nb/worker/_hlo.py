@@ -29,9 +29,13 @@ def sharding(devices: Sequence[jax.Device], data: bytes) -> Any:
     return sharding_impls.GSPMDSharding(tuple(devices), op_sharding(data))
 
 
-def placed_by(mesh: jax.sharding.Mesh, h: dict[str, Any]) -> Any:
-    """The sharding a put's ``hlo_sharding`` field names: ``{"op": OpSharding bytes,
-    "positions": [device positions among the slice's]}``."""
+def placed_by(mesh: jax.sharding.Mesh, put: dict[str, Any]) -> Any:
+    """The sharding a put's ``hlo_sharding`` field names, as plain JAX asked through the
+    IFRT proxy: ``{"op": OpSharding bytes, "positions": [device positions among the
+    slice's]}``; None for a put without one (laid out by its PartitionSpec)."""
+    h = put.get("hlo_sharding")
+    if not isinstance(h, dict):
+        return None
     flat = list(mesh.devices.flat)
     positions = h.get("positions")
     op = h.get("op")
@@ -73,8 +77,7 @@ class HloProgram:
             ) from None
         self.name = name
         self.out_nbytes = [
-            0 if d == np.dtype(object) else math.prod(s) * d.itemsize
-            for s, d in zip(self.out_shapes, self.out_dtypes, strict=True)
+            math.prod(s) * d.itemsize for s, d in zip(self.out_shapes, self.out_dtypes, strict=True)
         ]
 
     def bind(self, mesh: jax.sharding.Mesh) -> HloExecutable:
@@ -166,18 +169,13 @@ class HloExecutable:
         ]
 
     def describe(self) -> dict[str, Any]:
-        """What the proxy tells the JAX client of the executable: its parameters' and
-        outputs' shardings (serialized ``OpSharding`` s), memory statistics, name and
-        fingerprint."""
-        mem = self.memory_analysis()
+        """What the proxy tells the JAX client of the executable beyond a probe's
+        analysis: its parameters' and outputs' shardings (serialized ``OpSharding`` s),
+        its code's size and its fingerprint."""
         fingerprint = self.loaded.fingerprint
         return {
             "in_shardings": [s.SerializeToString() for s in self.in_op_shardings],
             "out_shardings": [s.SerializeToString() for s in self.out_op_shardings],
-            "memory": {a: int(getattr(mem, a)) for a in dir(mem) if a.endswith("_in_bytes")}
-            if mem is not None
-            else None,
             "code_bytes": int(self.loaded.size_of_generated_code_in_bytes()),
-            "name": self.loaded.hlo_modules()[0].name if self.loaded.hlo_modules() else "",
             "fingerprint": fingerprint if isinstance(fingerprint, bytes) else b"",
         }

@@ -554,13 +554,7 @@ class Host:
     def _store_put(self, h: dict[str, Any], arr: np.ndarray) -> None:
         """Lay a put's value out on its slice's devices and store it."""
         mesh = self.executor.programs.mesh(h["devices"], h["mesh"])
-        hlo = h.get("hlo_sharding")
-        if isinstance(hlo, dict):
-            # Laid out as plain JAX asked through the IFRT proxy: an OpSharding over the
-            # slice's devices at these positions.
-            sharding = placed_by(mesh, hlo)
-        else:
-            sharding = NamedSharding(mesh, decode_spec(h["spec"]))
+        sharding = placed_by(mesh, h) or NamedSharding(mesh, decode_spec(h["spec"]))
         self.store.reserve_check(arr.nbytes, tenant=handle_owner(int(h["handle"])))
         value = from_host(arr, sharding)
         impl = h.get("key_impl")
