@@ -331,6 +331,54 @@ while not os.path.exists({str(go)!r}):
         assert "plain-jax" not in set(tenants["name"])
 
 
+_ISLANDS = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+by = {}
+for d in jax.devices():
+    by.setdefault(d.slice_index, []).append(d)
+m0, m1 = Mesh(np.array(by[0]), ("data",)), Mesh(np.array(by[1]), ("data",))
+xs = np.arange(64.0, dtype=np.float32).reshape(16, 4)
+x0 = jax.device_put(xs, NamedSharding(m0, P("data")))
+x1 = jax.device_put(x0, NamedSharding(m1, P("data")))     # moved to island 1
+y1 = jax.jit(lambda a: a * 2)(x1)
+c0 = jax.device_put(x0, x0.sharding, may_alias=False)     # a copy on island 0
+results = {
+    "y1": np.asarray(y1), "c0": np.asarray(c0),
+    "y1_on": sorted({d.slice_index for d in y1.sharding.device_set}),
+}
+"""
+
+
+def test_arrays_move_between_islands_host_to_host(
+    proxy: ProxyServer, cluster: pw.InProcessCluster, tmp_path: Any, monkeypatch: Any
+) -> None:
+    from pathways_nb.proxy._cluster import ClusterBackend
+
+    read: dict[int, int] = {}  # elements read through the proxy, by island
+    fetch = ClusterBackend.fetch
+
+    def counted(self: ClusterBackend, e: Any) -> Any:
+        read[e.island] = read.get(e.island, 0) + int(np.prod(e.shape))
+        return fetch(self, e)
+
+    monkeypatch.setattr(ClusterBackend, "fetch", counted)
+    got = run_jax(proxy, _ISLANDS, tmp_path)
+    xs = np.arange(64.0, dtype=np.float32).reshape(16, 4)
+    np.testing.assert_array_equal(got["y1"], xs * 2)
+    np.testing.assert_array_equal(got["c0"], xs)
+    assert list(got["y1_on"]) == [1]
+    # Each island's values came through the proxy once, for the reads; the move and
+    # the copy went host to host.
+    assert read == {0: xs.size, 1: xs.size}, read
+    with cluster.client() as observer:
+        events = observer.events(all_tenants=True)
+    moves = events[(events.kind == "launch") & (events.program == "transfer")]
+    hosts = [h.name for h in cluster.hosts]
+    assert f"{hosts[0]}→{hosts[1]}" in set(moves["detail"]), set(moves["detail"])
+    assert f"{hosts[0]}→{hosts[0]}" in set(moves["detail"]), set(moves["detail"])
+
+
 def test_a_lost_host_is_data_loss_for_jax_and_new_work_runs_once_remapped(
     tmp_path: Any,
 ) -> None:

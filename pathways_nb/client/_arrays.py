@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from pathways_nb._core import (
+    CHECK_FROM,
     ProtocolError,
     RemoteError,
     as_bytes,
@@ -252,8 +253,10 @@ class ArrayIO(DaskPuts, ProgramCalls):
 
     def _fetch_values(self, remote: Sequence[RemoteArray]) -> list[Any]:
         """The values of ``remote``, asked of their hosts now."""
-        if remote:
-            need = sum(x.nbytes for x in remote)
+        need = sum(x.nbytes for x in remote)
+        if need >= CHECK_FROM:
+            # Its message is written only where the check can fail: a small read's
+            # round trip does not pay for the repr.
             check_fits(
                 need,
                 f"fetching {len(remote)} array{'s' if len(remote) > 1 else ''} (the largest "

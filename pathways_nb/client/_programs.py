@@ -285,6 +285,45 @@ class ProgramCalls:
                 copies[key] = out
         return out
 
+    def _move_hlo(
+        self,
+        x: RemoteArray,
+        vs: VirtualSlice,
+        op_sharding: bytes,
+        positions: list[int],
+        window: Sequence[tuple[int, int]] | None = None,
+    ) -> RemoteArray:
+        """A copy of ``x`` (of its ``window``, a ``(start, stop)`` per dimension, if
+        given) on ``vs``, laid out as XLA's ``OpSharding`` (serialized) says over its
+        devices at ``positions``, sent host to host (on x's own host, host to itself):
+        how plain JAX's arrays move, reshard and split through the IFRT proxy. As for
+        :meth:`_put_hlo`, the RemoteArray's own sharding says nothing of that layout."""
+        shape = tuple(x.shape) if window is None else tuple(b - a for a, b in window)
+        self._check_movable(x)
+        vs._ready_for_work()
+        self._backpressure()
+        lid = self._ids.next()
+        dst = self._ids.next()
+        with interrupts_deferred():  # pending, sent and made, or none of them
+            self._pending[lid] = [dst]
+            self._deletions_first(vs)
+            self._io.send_batched(
+                {
+                    "t": "transfer",
+                    "lid": lid,
+                    "src": x.handle,
+                    "dst": dst,
+                    "slice": vs.id,
+                    "shape": list(shape),
+                    "dtype": str(x.dtype),
+                    "spec": encode_spec(PartitionSpec()),
+                    "hlo_sharding": {"op": op_sharding, "positions": list(positions)},
+                }
+                | ({} if window is None else {"window": [[a, b] for a, b in window]})
+            )
+            sharding = NamedSharding(vs.abstract_mesh, PartitionSpec())
+            return RemoteArray(self._as_client(), dst, shape, x.dtype, sharding, vs, lid)
+
     def _register(self, prog: Program, vs: VirtualSlice) -> None:
         if prog.pid not in self._programs_sent:
             header = {

@@ -306,6 +306,11 @@ class ClientRequests:
             "devices": dst.devices,
             "mesh": [[k, v] for k, v in dst.mesh.items()],
         }
+        for key in ("hlo_sharding", "window"):
+            # Plain JAX's layout and a part of the array, through the IFRT proxy: the
+            # source host checks them.
+            if key in h:
+                send[key] = h[key]
         recv = {"t": "recv", "dst": h["dst"], "source": src.host}
         self.scheduler.submit(Work("send", t.tenant, src.island, 0, body=(src.host, send)))
         self.scheduler.submit(Work("recv", t.tenant, dst.island, 0, body=(dst.host, recv)))

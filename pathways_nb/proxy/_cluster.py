@@ -173,21 +173,36 @@ class ClusterBackend:
     def wait(self, entries: list[Entry]) -> None:
         self.client.block_until_ready([e.remote for e in entries])
 
+    def move(self, e: Entry, layout: Layout, region: tuple[slice, ...] | None = None) -> Entry:
+        """A copy of ``e`` (of its ``region``, if given) laid out by ``layout``, on its
+        island or another: the bytes go host to host (from the host to itself, for a
+        reshard), never through here."""
+        island, positions = self.place(layout.devices)
+        op = b"" if len(positions) == 1 else layout.op
+        window = None
+        shape = e.shape
+        if region is not None:
+            window = [
+                (r.start or 0, n if r.stop is None else r.stop)
+                for r, n in zip(region, e.shape, strict=True)
+            ]
+            shape = tuple(b - a for a, b in window)
+        remote = self.client._move_hlo(e.remote, self.slices[island], op, list(positions), window)
+        return Entry(remote, shape, e.dtype, Layout(layout.devices, op), island)
+
     def copy(self, e: Entry) -> Entry:
         """A copy of ``e`` of its own, on the same devices and layout."""
-        return self.put(self.fetch(e), e.layout)
+        return self.move(e, e.layout)
 
     def relayout(self, e: Entry, layout: Layout) -> Entry:
         if layout.devices == e.layout.devices and layout.op == e.layout.op and not e.view:
             return Entry(e.remote, e.shape, e.dtype, e.layout, e.island)
-        return self.put(self.fetch(e), layout)
+        return self.move(e, layout)
 
     def disassemble(self, e: Entry) -> list[Entry]:
-        value = self.fetch(e)
         regions = self.regions(e.layout, e.shape)
         return [
-            self.put(np.ascontiguousarray(value[r]), Layout((d,)))
-            for d, r in zip(e.layout.devices, regions, strict=True)
+            self.move(e, Layout((d,)), r) for d, r in zip(e.layout.devices, regions, strict=True)
         ]
 
     def assemble(self, parts: list[Entry], shape: tuple[int, ...], layout: Layout) -> Entry:
@@ -258,7 +273,7 @@ class ClusterBackend:
                 # A view (one device of a replicated array), or an array of another
                 # island: laid out as the program takes it first.
                 op = bytes(takes[i]) if i < len(takes) and len(exe.devices) > 1 else b""
-                a = self.put(self.fetch(a), Layout(exe.devices, op))
+                a = self.move(a, Layout(exe.devices, op))
             arrays.append(a.remote)
         outs = self.client._launch(exe.program, self.slices[exe.island], arrays)
         return [

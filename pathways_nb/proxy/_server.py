@@ -18,9 +18,12 @@ from typing import Any
 
 import grpc
 
-from pathways_nb.proxy import _executables  # noqa: F401  (registers its handlers)
+from pathways_nb.proxy import (
+    _executables,  # noqa: F401  (registers its handlers)
+    _status,
+)
 from pathways_nb.proxy._protos import message, preload
-from pathways_nb.proxy._session import Session
+from pathways_nb.proxy._session import HOST_BUFFER_WAIT, Session
 
 log = logging.getLogger("pathways_nb.proxy")
 
@@ -206,7 +209,11 @@ class ProxyServer:
 
     def _lookup(self, req: Any, ctx: grpc.ServicerContext) -> Iterator[Any]:
         session = self._find(req.session_id, ctx)
-        data = session.buffers.get(int(req.handle))
+        try:
+            # A copy out is answered before its bytes are here: they are waited for.
+            data = session.buffers.get(int(req.handle), HOST_BUFFER_WAIT)
+        except Exception as exc:
+            ctx.abort(_status.grpc_code(exc), _status.message_of(exc))
         if data is None:
             ctx.abort(grpc.StatusCode.NOT_FOUND, f"no host buffer {req.handle}")
         cls = message("xla.ifrt.proxy.GrpcHostBufferLookupResponse")

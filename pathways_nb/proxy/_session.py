@@ -315,15 +315,22 @@ def _fully_replicated_shard(s: Session, req: Any, body: Any) -> None:
     body.array_handle = req.result_handle
 
 
-def _copy_to_host(s: Session, req: Any, body: Any) -> concurrent.futures.Future[None]:
-    e = s.entry(req.array_handle)
+def _copy_to_host(s: Session, req: Any, body: Any) -> None:
+    """Answered at once: the client's lookup of the host buffer waits for the bytes,
+    or hears why they could not be read."""
+    # Its own entry: the array stays alive for the read if the client drops it first.
+    e = dataclasses.replace(s.entry(req.array_handle))
     strides = list(req.byte_strides.strides) if req.HasField("byte_strides") else None
+    handle = req.host_buffer_handle
+    s.buffers.expect(handle)
 
     def copy() -> None:
-        value = s.backend.fetch(e)
-        s.buffers.put(req.host_buffer_handle, _to_bytes(value, strides))
+        try:
+            s.buffers.put(handle, _to_bytes(s.backend.fetch(e), strides))
+        except BaseException as exc:
+            s.buffers.fail(handle, exc)
 
-    return s.later(copy)
+    s.later(copy)
 
 
 def _check_value_ready(s: Session, req: Any, body: Any) -> concurrent.futures.Future[None]:

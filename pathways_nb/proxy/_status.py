@@ -78,6 +78,14 @@ def message_of(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def grpc_code(exc: BaseException) -> Any:
+    """The gRPC status code of a failure, for the RPCs beside the session's stream."""
+    import grpc
+
+    code = code_of(exc)
+    return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.INTERNAL)
+
+
 def fill(status: Any, exc: BaseException) -> None:
     """Write ``exc`` into a ``tensorflow.StatusProto``."""
     status.code = code_of(exc)

@@ -34,6 +34,7 @@ from pathways_nb._core import (
     decode_spec,
     encode_dtype,
     local_versions,
+    op_sharding,
     shard_indices,
 )
 from pathways_nb.wire import (
@@ -46,6 +47,7 @@ from pathways_nb.wire import (
     send_buffer,
 )
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._hlo import sharding as hlo_sharding
 from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
 from pathways_nb.worker._store import Entry, ObjectStore
 from pathways_nb.worker._threads import as_host
@@ -116,6 +118,74 @@ def pieces_for(
     for dev, region in zip(devices, shard_indices(shape, spec, mesh), strict=True):
         regions.setdefault(region, []).append(int(dev))
     return list(regions.items())
+
+
+def hlo_pieces(
+    shape: Sequence[int], hlo: Any, devices: Sequence[int]
+) -> list[tuple[Index, list[int]]]:
+    """As :func:`pieces_for`, for a layout plain JAX named through the IFRT proxy:
+    ``hlo`` is ``{"op": OpSharding bytes, "positions": [among devices]}``."""
+    from jax._src import op_shardings
+    from jax._src.lib import xla_client as xc
+
+    positions, op = _hlo_fields(hlo, len(devices))
+    indices = op_shardings.op_sharding_to_indices(
+        xc.HloSharding.from_proto(op_sharding(op)), tuple(shape), len(positions)
+    )
+    regions: dict[Index, list[int]] = {}
+    for p, index in zip(positions, indices, strict=True):
+        region = tuple(
+            (0 if i.start is None else int(i.start), int(n) if i.stop is None else int(i.stop))
+            for i, n in zip(index, shape, strict=True)
+        )
+        regions.setdefault(region, []).append(int(devices[p]))
+    return list(regions.items())
+
+
+def _hlo_fields(hlo: Any, n: int) -> tuple[list[int], bytes]:
+    positions = hlo.get("positions") if isinstance(hlo, dict) else None
+    op = hlo.get("op") if isinstance(hlo, dict) else None
+    if (
+        not isinstance(positions, list)
+        or not positions
+        or not all(type(p) is int and 0 <= p < n for p in positions)
+        or not isinstance(op, bytes)
+    ):
+        raise RemoteError(
+            f"a transfer's hlo_sharding names OpSharding bytes and device positions among "
+            f"the destination's {n} devices; got {hlo!r}",
+            kind="invalid",
+        )
+    return positions, op
+
+
+def _window(window: Any, shape: tuple[int, ...]) -> Index | None:
+    """A send's ``window`` (``[[start, stop], ...]`` per dimension, inside ``shape``):
+    the part of its source array it moves, or None for all of it."""
+    if window is None:
+        return None
+    if (
+        not isinstance(window, list)
+        or len(window) != len(shape)
+        or not all(
+            isinstance(w, list)
+            and len(w) == 2
+            and all(type(v) is int for v in w)
+            and 0 <= w[0] <= w[1] <= n
+            for w, n in zip(window, shape, strict=False)
+        )
+    ):
+        raise RemoteError(
+            f"a transfer's window is one [start, stop] per dimension inside the source's "
+            f"shape {list(shape)}; got {window!r}",
+            kind="invalid",
+        )
+    return tuple((int(a), int(b)) for a, b in window)
+
+
+def _shifted(region: Index, window: Index) -> Index:
+    """A region of a window, in the coordinates of the array the window is of."""
+    return tuple((r0 + w0, r1 + w0) for (r0, r1), (w0, _) in zip(region, window, strict=True))
 
 
 # source side ---------------------------------------------------------------------------
@@ -346,6 +416,9 @@ class Sender:
             "source": self.host,
             "t0": t0,
         }
+        if "hlo_sharding" in body:
+            base["hlo_sharding"] = body["hlo_sharding"]
+
         sock = self._sock(body["address"])
         try:
             regions, data, key_impl = self._prepare(entry, body)
@@ -401,14 +474,34 @@ class Sender:
             value = jax.random.key_data(value)
         shape = tuple(value.shape)
         shards = host_shards(value)
-        key = (shape, repr(body["spec"]), repr(body["mesh"]), tuple(body["devices"]))
+        window = _window(body.get("window"), shape)
+        if window is not None:
+            # A part of the array: the destination's array is that part.
+            shape = tuple(b - a for a, b in window)
+        hlo = body.get("hlo_sharding")
+        key = (
+            shape,
+            repr(body["spec"]),
+            repr(body["mesh"]),
+            tuple(body["devices"]),
+            repr(hlo),
+        )
         regions = self._pieces.get(key)
         if regions is None:
-            regions = pieces_for(shape, body["spec"], body["mesh"], body["devices"])
+            if hlo is not None:
+                regions = hlo_pieces(shape, hlo, body["devices"])
+            else:
+                regions = pieces_for(shape, body["spec"], body["mesh"], body["devices"])
             if len(self._pieces) >= 1024:
                 self._pieces.clear()
             self._pieces[key] = regions
-        data = [cut(region, shards, np.dtype(value.dtype)) for region, _ in regions]
+        if window is not None:
+            data = [
+                cut(_shifted(region, window), shards, np.dtype(value.dtype))
+                for region, _ in regions
+            ]
+        else:
+            data = [cut(region, shards, np.dtype(value.dtype)) for region, _ in regions]
         return regions, data, key_impl
 
 
@@ -434,7 +527,7 @@ class Assembler:
         # One sharding object per layout: JAX caches what it derives from a sharding
         # (device order, shard indices) on the object, so a fresh one per arrival costs
         # ~100 µs more to place.
-        self._shardings: dict[Any, jax.sharding.NamedSharding] = {}
+        self._shardings: dict[Any, jax.sharding.Sharding] = {}
 
     def piece(self, h: dict[str, Any], bufs: Sequence[Any]) -> None:
         handle = int(h["handle"])
@@ -483,16 +576,23 @@ class Assembler:
             value = jax.random.wrap_key_data(value, impl=h["key_impl"])
         self._done(h, value, None, nbytes)
 
-    def _sharding(self, h: dict[str, Any]) -> jax.sharding.NamedSharding:
+    def _sharding(self, h: dict[str, Any]) -> jax.sharding.Sharding:
+        hlo = h.get("hlo_sharding")
         key = (
             tuple(h["devices"]),
             tuple((str(a), int(n)) for a, n in h["mesh"]),
             repr(h["spec"]),
+            repr(hlo),
         )
         sharding = self._shardings.get(key)
         if sharding is None:
             mesh = self._make_mesh(h["devices"], h["mesh"])
-            sharding = jax.sharding.NamedSharding(mesh, decode_spec(h["spec"]))
+            if hlo is not None:
+                positions, op = _hlo_fields(hlo, mesh.devices.size)
+                flat = list(mesh.devices.flat)
+                sharding = hlo_sharding([flat[p] for p in positions], op)
+            else:
+                sharding = jax.sharding.NamedSharding(mesh, decode_spec(h["spec"]))
             if len(self._shardings) >= 1024:
                 self._shardings.clear()
             self._shardings[key] = sharding

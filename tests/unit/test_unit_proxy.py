@@ -16,6 +16,7 @@ import pytest
 from jax._src.interpreters import mlir
 from jax._src.lib import _jax
 
+from pathways_nb._core import DataLossError
 from pathways_nb.proxy import ProxyServer
 from pathways_nb.proxy._buffers import HostBuffers
 from pathways_nb.proxy._layouts import (
@@ -139,6 +140,24 @@ def test_a_host_buffer_waited_for_arrives_from_another_thread() -> None:
     buffers.close()
     with pytest.raises(LookupError, match="ended"):
         buffers.take(9, timeout=30)
+
+
+def test_a_lookup_waits_for_a_copy_under_way_and_hears_why_it_failed() -> None:
+    buffers = HostBuffers()
+    assert buffers.get(1, timeout=30) is None  # nothing under way: not waited for
+    buffers.expect(2)
+    threading.Timer(0.05, buffers.put, (2, b"xyz")).start()
+    assert buffers.get(2, timeout=30) == b"xyz"
+    buffers.expect(3)
+    threading.Timer(0.05, buffers.fail, (3, DataLossError("host h was lost"))).start()
+    with pytest.raises(DataLossError, match="was lost"):
+        buffers.get(3, timeout=30)
+    buffers.expect(4)
+    with pytest.raises(TimeoutError, match="not copied out"):
+        buffers.get(4, timeout=0.01)
+    threading.Timer(0.05, buffers.close).start()
+    with pytest.raises(LookupError, match="ended"):
+        buffers.get(4, timeout=30)
 
 
 class _Backend:

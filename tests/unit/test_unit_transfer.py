@@ -19,7 +19,7 @@ from pathways_nb.wire._stream import StreamRouter
 from pathways_nb.worker._hostcopy import from_host, from_regions, host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._store import Entry, ObjectStore
-from pathways_nb.worker._transfer import Sender, cut, overlap, pieces_for
+from pathways_nb.worker._transfer import Sender, _window, cut, hlo_pieces, overlap, pieces_for
 
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
 
@@ -435,3 +435,34 @@ def test_a_send_to_a_host_that_cannot_be_reached_releases_its_source() -> None:
     finally:
         sender.stop()  # sends what was queued first
     assert released == [1]
+
+
+def test_hlo_pieces_place_each_region_on_the_devices_the_positions_name() -> None:
+    from jax._src.lib import xla_client as xc
+
+    op = xc.OpSharding()
+    op.type = xc.OpSharding.Type.OTHER
+    op.tile_assignment_dimensions = [2, 1]
+    op.tile_assignment_devices = [0, 1]
+    hlo = {"op": op.SerializeToString(), "positions": [1, 3]}
+    assert hlo_pieces((8, 4), hlo, [10, 11, 12, 13]) == [
+        (((0, 4), (0, 4)), [11]),
+        (((4, 8), (0, 4)), [13]),
+    ]
+    # Replicated (no bytes): one region, on every device named.
+    assert hlo_pieces((8, 4), {"op": b"", "positions": [0, 2]}, [10, 11, 12, 13]) == [
+        (((0, 8), (0, 4)), [10, 12]),
+    ]
+    for bad in ({"op": b"", "positions": [4]}, {"op": "x", "positions": [0]}, [1, 2]):
+        with pytest.raises(RemoteError, match="hlo_sharding") as info:
+            hlo_pieces((8, 4), bad, [10, 11, 12, 13])
+        assert info.value.kind == "invalid"
+
+
+def test_a_transfer_window_lies_inside_its_source() -> None:
+    assert _window(None, (8, 4)) is None
+    assert _window([[2, 6], [0, 4]], (8, 4)) == ((2, 6), (0, 4))
+    for bad in ([[0, 9], [0, 4]], [[0, 4]], [[3, 2], [0, 4]], "all", [[0.5, 2], [0, 4]]):
+        with pytest.raises(RemoteError, match="window") as info:
+            _window(bad, (8, 4))
+        assert info.value.kind == "invalid"
