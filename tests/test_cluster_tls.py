@@ -243,3 +243,35 @@ def test_the_cluster_command_makes_certificates_a_scheduler_file_hands_to_client
         out = served.communicate(timeout=60)[0].decode()
     assert served.returncode == 0, out
     assert "tls_client_key=" in out  # the connect line it printed names the files
+
+
+def test_plain_jax_reaches_a_cluster_with_tls_through_the_proxy_use_jax_starts(
+    secure: pw.LocalCluster, tmp_path: Path
+) -> None:
+    from pathways_nb.proxy._kernel import ProxyProcess
+
+    proxy = ProxyProcess(secure.scheduler_address, "tls-jax", 1.0, secure.security)
+    folder = proxy._folder
+    try:
+        assert folder is not None and (os.stat(folder).st_mode & 0o077) == 0
+        script = tmp_path / "plain.py"
+        script.write_text(
+            "import pathwaysutils; pathwaysutils.initialize()\n"
+            "import jax, jax.numpy as jnp, numpy as np\n"
+            "x = jax.device_put(np.arange(8.0, dtype=np.float32))\n"
+            "print('VALUE', float(jax.jit(lambda v: (v * 2).sum())(x)))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env.update(
+            JAX_PLATFORMS="proxy",
+            JAX_BACKEND_TARGET=proxy.target,
+            IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true",
+        )
+        out = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+        )
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert "VALUE 56.0" in out.stdout
+    finally:
+        proxy.stop()
+    assert not os.path.exists(folder)  # the certificate files went with the proxy

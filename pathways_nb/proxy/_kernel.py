@@ -26,7 +26,9 @@ class ProxyProcess:
     """A ``pathways-nb proxy`` process serving this process's JAX; ``stop`` ends it
     (also at exit, and when this process dies, it ends itself)."""
 
-    def __init__(self, address: str, name: str = "", weight: float = 1.0) -> None:
+    def __init__(
+        self, address: str, name: str = "", weight: float = 1.0, security: Any = None
+    ) -> None:
         env = dict(os.environ)
         # What pathways_nb.deploy._watch reads: the proxy ends with this process.
         env["PATHWAYS_PARENT_PID"] = str(os.getpid())
@@ -37,7 +39,7 @@ class ProxyProcess:
             "-m",
             "pathways_nb.deploy._cli",
             "proxy",
-            address,
+            *self._where(address, security),
             "--port",
             "0",
             "--weight",
@@ -55,6 +57,26 @@ class ProxyProcess:
         )
         self.target = self._wait_target(60.0)
         atexit.register(self.stop)
+
+    def _where(self, address: str, security: Any) -> list[str]:
+        """The proxy's way to the cluster: its address, or, for a cluster with TLS, a
+        scheduler file naming the client certificate's files, in a folder of this
+        user's only (removed when the proxy stops)."""
+        self._folder: str | None = None
+        tls = security is not None and security.get_connection_args("client").get("ssl_context")
+        if not tls:
+            return [address]
+        import json
+        import tempfile
+
+        from pathways_nb.deploy._security import client_files, write_client_files
+
+        self._folder = tempfile.mkdtemp(prefix="pathways-proxy-")  # mode 0700
+        write_client_files(security, self._folder)
+        path = os.path.join(self._folder, "cluster.json")
+        with open(path, "w") as f:
+            json.dump({"address": address, "tls": client_files(self._folder)}, f)
+        return ["--scheduler-file", path]
 
     def _wait_target(self, timeout: float) -> str:
         assert self.process.stdout is not None
@@ -90,6 +112,11 @@ class ProxyProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._folder is not None:
+            import shutil
+
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
 
 _STATE: dict[str, Any] = {}
@@ -123,7 +150,12 @@ def use_jax(client: Any, *, name: str | None = None, weight: float | None = None
             "has no address another process can reach"
         )
     tenant = name if name is not None else f"{getattr(client, 'name', '') or 'notebook'}-jax"
-    proxy = ProxyProcess(address, tenant, validate_weight(1.0 if weight is None else weight))
+    proxy = ProxyProcess(
+        address,
+        tenant,
+        validate_weight(1.0 if weight is None else weight),
+        getattr(client, "security", None),
+    )
     os.environ.setdefault("IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS", "true")
     options = ifrt_proxy.ClientConnectionOptions()
     options.connection_timeout_in_seconds = 60
