@@ -184,6 +184,16 @@ s = a.addressable_data(0)
 del a                                           # the shard outlives its array
 results["shard_after_del"] = s + 1
 results["no_outputs"] = str(jax.jit(lambda: None)())
+# Each device's partial sum, read shard by shard: the buffers themselves.
+pair = jax.make_mesh(
+    (2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:2]
+)
+with jax.set_mesh(pair):
+    xu = jax.device_put(np.arange(8, dtype=np.float32), P("x"))
+    summed = jax.jit(lambda v: jax.lax.reduce_sum(v, axes=(0,), out_sharding=P(unreduced={"x"})))
+    results["unreduced_shards"] = np.stack(
+        [np.asarray(s.data) for s in summed(xu).addressable_shards]
+    )
 """
 
 

@@ -291,14 +291,15 @@ class ProgramCalls:
         vs: VirtualSlice,
         op_sharding: bytes,
         positions: list[int],
-        window: Sequence[tuple[int, int]] | None = None,
+        shard: tuple[int, tuple[int, ...]] | None = None,
     ) -> RemoteArray:
-        """A copy of ``x`` (of its ``window``, a ``(start, stop)`` per dimension, if
-        given) on ``vs``, laid out as XLA's ``OpSharding`` (serialized) says over its
-        devices at ``positions``, sent host to host (on x's own host, host to itself):
-        how plain JAX's arrays move, reshard and split through the IFRT proxy. As for
+        """A copy of ``x`` on ``vs`` laid out as XLA's ``OpSharding`` (serialized) says
+        over its devices at ``positions``, sent host to host (on x's own host, host to
+        itself): how plain JAX's arrays move and reshard through the IFRT proxy. With
+        ``shard`` (a position in x's device order, and that buffer's shape), the copy is
+        of that one device's buffer, as IFRT takes an array apart. As for
         :meth:`_put_hlo`, the RemoteArray's own sharding says nothing of that layout."""
-        shape = tuple(x.shape) if window is None else tuple(b - a for a, b in window)
+        shape = tuple(x.shape) if shard is None else tuple(shard[1])
         self._check_movable(x)
         vs._ready_for_work()
         self._backpressure()
@@ -319,7 +320,7 @@ class ProgramCalls:
                     "spec": encode_spec(PartitionSpec()),
                     "hlo_sharding": {"op": op_sharding, "positions": list(positions)},
                 }
-                | ({} if window is None else {"window": [[a, b] for a, b in window]})
+                | ({} if shard is None else {"shard": shard[0]})
             )
             sharding = NamedSharding(vs.abstract_mesh, PartitionSpec())
             return RemoteArray(self._as_client(), dst, shape, x.dtype, sharding, vs, lid)

@@ -306,8 +306,8 @@ class ClientRequests:
             "devices": dst.devices,
             "mesh": [[k, v] for k, v in dst.mesh.items()],
         }
-        for key in ("hlo_sharding", "window"):
-            # Plain JAX's layout and a part of the array, through the IFRT proxy: the
+        for key in ("hlo_sharding", "shard"):
+            # Plain JAX's layout and one device's buffer, through the IFRT proxy: the
             # source host checks them.
             if key in h:
                 send[key] = h[key]

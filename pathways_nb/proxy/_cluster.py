@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec
 from pathways_nb._core import encode_dtype, encode_spec, hlo_blob, op_sharding, program_id
 from pathways_nb.client._export import Program
 from pathways_nb.proxy import _status
-from pathways_nb.proxy._layouts import Layout
+from pathways_nb.proxy._layouts import Layout, summed
 from pathways_nb.proxy._modules import Signature
 from pathways_nb.proxy._session import Entry
 from pathways_nb.proxy._status import ProxyError
@@ -154,7 +154,8 @@ class ClusterBackend:
     def regions(self, layout: Layout, shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
         """Each device's part of an array of ``shape`` laid out by ``layout``, in the
         layout's device order."""
-        hlo = xc.HloSharding.from_proto(op_sharding(layout.op))
+        # Unreduced devices hold partial sums of the same region: placed as replicas.
+        hlo = xc.HloSharding.from_proto(op_sharding(summed(layout.op)))
         return list(op_shardings.op_sharding_to_indices(hlo, shape, len(layout.devices)))
 
     def put(self, value: np.ndarray, layout: Layout) -> Entry:
@@ -173,21 +174,16 @@ class ClusterBackend:
     def wait(self, entries: list[Entry]) -> None:
         self.client.block_until_ready([e.remote for e in entries])
 
-    def move(self, e: Entry, layout: Layout, region: tuple[slice, ...] | None = None) -> Entry:
-        """A copy of ``e`` (of its ``region``, if given) laid out by ``layout``, on its
-        island or another: the bytes go host to host (from the host to itself, for a
-        reshard), never through here."""
+    def move(
+        self, e: Entry, layout: Layout, shard: tuple[int, tuple[int, ...]] | None = None
+    ) -> Entry:
+        """A copy of ``e`` laid out by ``layout``, on its island or another (of one
+        device's buffer of it, with ``shard``: its position and shape): the bytes go host
+        to host (from the host to itself, for a reshard), never through here."""
         island, positions = self.place(layout.devices)
         op = b"" if len(positions) == 1 else layout.op
-        window = None
-        shape = e.shape
-        if region is not None:
-            window = [
-                (r.start or 0, n if r.stop is None else r.stop)
-                for r, n in zip(region, e.shape, strict=True)
-            ]
-            shape = tuple(b - a for a, b in window)
-        remote = self.client._move_hlo(e.remote, self.slices[island], op, list(positions), window)
+        remote = self.client._move_hlo(e.remote, self.slices[island], op, list(positions), shard)
+        shape = e.shape if shard is None else shard[1]
         return Entry(remote, shape, e.dtype, Layout(layout.devices, op), island)
 
     def copy(self, e: Entry) -> Entry:
@@ -200,9 +196,11 @@ class ClusterBackend:
         return self.move(e, layout)
 
     def disassemble(self, e: Entry) -> list[Entry]:
+        """Each device's buffer of ``e``, an array of its own on that device."""
         regions = self.regions(e.layout, e.shape)
         return [
-            self.move(e, Layout((d,)), r) for d, r in zip(e.layout.devices, regions, strict=True)
+            self.move(e, Layout((d,)), (i, _extent(region, e.shape)))
+            for i, (d, region) in enumerate(zip(e.layout.devices, regions, strict=True))
         ]
 
     def assemble(self, parts: list[Entry], shape: tuple[int, ...], layout: Layout) -> Entry:
@@ -280,6 +278,11 @@ class ClusterBackend:
             Entry(r, tuple(r.shape), np.dtype(r.dtype), layout, exe.island)
             for r, layout in zip(outs, exe.out_layouts, strict=True)
         ]
+
+
+def _extent(region: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of an index region of an array of ``shape``."""
+    return tuple(len(range(*r.indices(n))) for r, n in zip(region, shape, strict=True))
 
 
 def _version() -> str:

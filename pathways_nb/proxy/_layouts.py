@@ -102,6 +102,35 @@ class Layout:
         return bool(op.type == message("xla.OpSharding").REPLICATED)
 
 
+def summed(op: bytes) -> bytes:
+    """``op`` (serialized ``OpSharding``) with its unreduced devices taken as replicas:
+    they hold partial sums of the same region, so where each device's part of the array
+    lies is where the replicated layout puts it."""
+    if not op:
+        return op
+    cls = message("xla.OpSharding")
+    o = cls.FromString(op)
+    if o.type == cls.UNREDUCED:
+        return b""
+    kinds = list(o.last_tile_dims)
+    if cls.UNREDUCED not in kinds:
+        return op
+    if set(kinds) <= {cls.REPLICATED, cls.UNREDUCED}:
+        # One replicated last dimension of them all: adjacent dims merged in order.
+        dims = list(o.tile_assignment_dimensions)
+        rank = len(dims) - len(kinds)
+        size = 1
+        for n in dims[rank:]:
+            size *= n
+        del o.tile_assignment_dimensions[rank:]
+        o.tile_assignment_dimensions.append(size)
+        del o.last_tile_dims[:]
+        o.last_tile_dims.append(cls.REPLICATED)
+    else:
+        o.last_tile_dims[:] = [cls.REPLICATED if k == cls.UNREDUCED else k for k in kinds]
+    return bytes(o.SerializeToString())
+
+
 def layout_of(proto: Any) -> Layout:
     """The :class:`Layout` of a ``ShardingProto``."""
     ser = proto.serialized_sharding

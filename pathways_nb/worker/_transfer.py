@@ -159,33 +159,17 @@ def _hlo_fields(hlo: Any, n: int) -> tuple[list[int], bytes]:
     return positions, op
 
 
-def _window(window: Any, shape: tuple[int, ...]) -> Index | None:
-    """A send's ``window`` (``[[start, stop], ...]`` per dimension, inside ``shape``):
-    the part of its source array it moves, or None for all of it."""
-    if window is None:
-        return None
-    if (
-        not isinstance(window, list)
-        or len(window) != len(shape)
-        or not all(
-            isinstance(w, list)
-            and len(w) == 2
-            and all(type(v) is int for v in w)
-            and 0 <= w[0] <= w[1] <= n
-            for w, n in zip(window, shape, strict=False)
-        )
-    ):
+def _shard(value: Any, position: Any) -> Any:
+    """The buffer of ``value``'s addressable shard at ``position`` (in its sharding's
+    device order), as an array of its own."""
+    n = len(value.sharding.addressable_devices)
+    if type(position) is not int or not 0 <= position < n:
         raise RemoteError(
-            f"a transfer's window is one [start, stop] per dimension inside the source's "
-            f"shape {list(shape)}; got {window!r}",
+            f"a transfer's shard is the position of one of the source's {n} device "
+            f"buffers (0..{n - 1}); got {position!r}",
             kind="invalid",
         )
-    return tuple((int(a), int(b)) for a, b in window)
-
-
-def _shifted(region: Index, window: Index) -> Index:
-    """A region of a window, in the coordinates of the array the window is of."""
-    return tuple((r0 + w0, r1 + w0) for (r0, r1), (w0, _) in zip(region, window, strict=True))
+    return value.addressable_data(position)
 
 
 # source side ---------------------------------------------------------------------------
@@ -472,12 +456,13 @@ class Sender:
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             key_impl = str(jax.random.key_impl(value))
             value = jax.random.key_data(value)
+        if "shard" in body:
+            # One device's buffer of the array (IFRT's disassembly): the destination's
+            # array is that buffer, whatever the layout says of it (an unreduced
+            # layout's devices hold partial sums, not regions).
+            value = _shard(value, body["shard"])
         shape = tuple(value.shape)
         shards = host_shards(value)
-        window = _window(body.get("window"), shape)
-        if window is not None:
-            # A part of the array: the destination's array is that part.
-            shape = tuple(b - a for a, b in window)
         hlo = body.get("hlo_sharding")
         key = (
             shape,
@@ -495,13 +480,7 @@ class Sender:
             if len(self._pieces) >= 1024:
                 self._pieces.clear()
             self._pieces[key] = regions
-        if window is not None:
-            data = [
-                cut(_shifted(region, window), shards, np.dtype(value.dtype))
-                for region, _ in regions
-            ]
-        else:
-            data = [cut(region, shards, np.dtype(value.dtype)) for region, _ in regions]
+        data = [cut(region, shards, np.dtype(value.dtype)) for region, _ in regions]
         return regions, data, key_impl
 
 

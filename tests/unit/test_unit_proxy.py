@@ -326,3 +326,21 @@ def test_a_short_upload_is_data_loss_and_a_full_one_is_kept(server: ProxyServer)
 
 
 _STORE = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
+
+
+def test_unreduced_devices_are_placed_as_replicas() -> None:
+    from pathways_nb.proxy._layouts import summed
+
+    cls = message("xla.OpSharding")
+    # Split in 2 along dim 0, each half unreduced over 2 devices and replicated over 2.
+    op = cls(type=cls.OTHER, tile_assignment_dimensions=[2, 2, 2])
+    op.tile_assignment_devices.extend(range(8))
+    op.last_tile_dims.extend([cls.UNREDUCED, cls.REPLICATED])
+    out = cls.FromString(summed(op.SerializeToString()))
+    assert list(out.tile_assignment_dimensions) == [2, 4]
+    assert list(out.last_tile_dims) == [cls.REPLICATED]
+    assert list(out.tile_assignment_devices) == list(range(8))
+    assert summed(cls(type=cls.UNREDUCED).SerializeToString()) == b""
+    plain = cls(type=cls.OTHER, tile_assignment_dimensions=[2])
+    plain.tile_assignment_devices.extend([0, 1])
+    assert summed(plain.SerializeToString()) == plain.SerializeToString()

@@ -19,7 +19,7 @@ from pathways_nb.wire._stream import StreamRouter
 from pathways_nb.worker._hostcopy import from_host, from_regions, host_shards, normalize, to_numpy
 from pathways_nb.worker._parking import ParkingLot
 from pathways_nb.worker._store import Entry, ObjectStore
-from pathways_nb.worker._transfer import Sender, _window, cut, hlo_pieces, overlap, pieces_for
+from pathways_nb.worker._transfer import Sender, _shard, cut, hlo_pieces, overlap, pieces_for
 
 MESHES = [((8,), ("x",)), ((2, 4), ("a", "b")), ((4, 2), ("a", "b"))]
 
@@ -459,10 +459,13 @@ def test_hlo_pieces_place_each_region_on_the_devices_the_positions_name() -> Non
         assert info.value.kind == "invalid"
 
 
-def test_a_transfer_window_lies_inside_its_source() -> None:
-    assert _window(None, (8, 4)) is None
-    assert _window([[2, 6], [0, 4]], (8, 4)) == ((2, 6), (0, 4))
-    for bad in ([[0, 9], [0, 4]], [[0, 4]], [[3, 2], [0, 4]], "all", [[0.5, 2], [0, 4]]):
-        with pytest.raises(RemoteError, match="window") as info:
-            _window(bad, (8, 4))
+def test_a_transfer_shard_names_one_of_the_sources_buffers() -> None:
+    devices = jax.devices()[:2]
+    value = jax.device_put(
+        np.arange(8.0, dtype=np.float32), NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))
+    )
+    np.testing.assert_array_equal(np.asarray(_shard(value, 1)), np.arange(4.0, 8.0))
+    for bad in (2, -1, "0", 1.0):
+        with pytest.raises(RemoteError, match="shard") as info:
+            _shard(value, bad)
         assert info.value.kind == "invalid"
