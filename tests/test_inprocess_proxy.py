@@ -95,6 +95,14 @@ z2 = step(z)
 results["donated_deleted"] = z.is_deleted()
 results["donated_value"] = np.asarray(z2)
 results["again"] = np.asarray(step(z2))
+
+# The same devices in another order: JAX remaps the shards into their new slots.
+dev = np.array(devices[:4])
+s1 = NamedSharding(Mesh(dev.reshape(2, 2), ("a", "b")), P("b"))
+s2 = NamedSharding(Mesh(dev[::-1].reshape(2, 2), ("a", "b")), P("b"))
+xr = jax.device_put(np.arange(16.0, dtype=np.float32).reshape(8, 2), s1)
+results["reordered"] = np.asarray(jax.device_put(xr, s2))
+results["reordered_donated"] = np.asarray(jax.device_put(xr, s2, donate=True))
 """
 
 _PRNG = """

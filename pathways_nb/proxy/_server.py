@@ -20,6 +20,7 @@ import grpc
 
 from pathways_nb.proxy import (
     _executables,  # noqa: F401  (registers its handlers)
+    _remap,  # noqa: F401  (registers its handler)
     _status,
 )
 from pathways_nb.proxy._protos import message, preload

@@ -383,7 +383,8 @@ def _moved(
 _DONATE_INPUT = 3
 
 
-def _donates(semantics: int) -> bool:
+def donates(semantics: int) -> bool:
+    """Whether a request's ``ArrayCopySemantics`` give its inputs up."""
     return int(semantics) == _DONATE_INPUT
 
 
@@ -401,7 +402,7 @@ def _copy_arrays(s: Session, req: Any, body: Any) -> None:
             )
         op = e.layout.op if e is not None else b""
         layouts.append(Layout(devices, op, kind))
-    body.array_handles.extend(_moved(s, handles, results, layouts, _donates(req.copy_semantics)))
+    body.array_handles.extend(_moved(s, handles, results, layouts, donates(req.copy_semantics)))
 
 
 def _reshard_arrays(s: Session, req: Any, body: Any) -> None:
@@ -412,54 +413,9 @@ def _reshard_arrays(s: Session, req: Any, body: Any) -> None:
             list(req.array_handles),
             list(req.result_handles),
             layouts,
-            _donates(req.copy_semantics),
+            donates(req.copy_semantics),
         )
     )
-
-
-def _intervals(starts: Any, ends: Any, steps: Any) -> list[int]:
-    return [k for a, b, c in zip(starts, ends, steps, strict=True) for k in range(a, b, c or 1)]
-
-
-def _remap_arrays(s: Session, req: Any, body: Any) -> None:
-    """Shards of the inputs moved into shard slots of the outputs, as the plan maps
-    them (``pathwaysutils``' reshard and JAX's transfers between device sets)."""
-    plan = req.plan
-    handles, results = list(req.array_handles), list(req.result_handles)
-    if len(plan.input_specs) != len(handles) or len(plan.output_specs) != len(results):
-        raise ProxyError(
-            _status.INVALID_ARGUMENT,
-            f"a remap plan of {len(plan.input_specs)} inputs and {len(plan.output_specs)} "
-            f"outputs given {len(handles)} arrays and {len(results)} result handles",
-        )
-    inputs = [s.entry(h) for h in handles]
-    outputs = []
-    for spec in plan.output_specs:
-        outputs.append(
-            (np.zeros(shape_of(spec.shape), dtype_of(spec.dtype)), layout_of(spec.sharding))
-        )
-    values: dict[int, np.ndarray] = {}
-    for m in plan.mappings:
-        src, (dst, dst_layout) = inputs[m.in_array], outputs[m.out_array]
-        if m.in_array not in values:
-            values[m.in_array] = s.backend.fetch(src)
-        rin = s.backend.regions(src.layout, src.shape)
-        rout = s.backend.regions(dst_layout, dst.shape)
-        froms = _intervals(m.from_start, m.from_end, m.from_step)
-        tos = _intervals(m.to_start, m.to_end, m.to_step)
-        if len(froms) != len(tos):
-            raise ProxyError(
-                _status.INVALID_ARGUMENT,
-                f"a remap mapping moves {len(froms)} shards into {len(tos)} slots",
-            )
-        for k, j in zip(froms, tos, strict=True):
-            dst[rout[j]] = values[m.in_array][rin[k]]
-    for r, (value, layout) in zip(results, outputs, strict=True):
-        s.store(r, s.backend.put(value, layout))
-    if _donates(req.copy_semantics):
-        for e in inputs:
-            s.drop(e)
-    body.array_handles.extend(results)
 
 
 def _disassemble(s: Session, req: Any, body: Any) -> None:
@@ -474,7 +430,7 @@ def _disassemble(s: Session, req: Any, body: Any) -> None:
         )
     for r, part in zip(results, parts, strict=True):
         s.store(r, part)
-    if _donates(req.copy_semantics):
+    if donates(req.copy_semantics):
         s.drop(e)
     body.array_handles.extend(results)
 
@@ -483,7 +439,7 @@ def _assemble(s: Session, req: Any, body: Any) -> None:
     parts = [s.entry(h) for h in req.single_device_array_handles]
     layout = layout_of(req.sharding)
     s.store(req.result_handle, s.backend.assemble(parts, shape_of(req.shape), layout))
-    if _donates(req.copy_semantics):
+    if donates(req.copy_semantics):
         for p in parts:
             s.drop(p)
     body.array_handle = req.result_handle
@@ -572,7 +528,6 @@ _HANDLERS: dict[str, Handler] = {
     "copy_arrays_request": _copy_arrays,
     "reshard_arrays_request": _reshard_arrays,
     "disassemble_into_single_device_arrays_request": _disassemble,
-    "remap_arrays_request": _remap_arrays,
     "assemble_array_from_single_device_arrays_request": _assemble,
     "get_default_device_assignment_request": _default_device_assignment,
     "get_default_layout_request": _default_layout,
