@@ -69,13 +69,20 @@ class ProxyProcess:
         import json
         import tempfile
 
-        from pathways_nb.deploy._security import client_files, write_client_files
-
         self._folder = tempfile.mkdtemp(prefix="pathways-proxy-")  # mode 0700
-        write_client_files(security, self._folder)
+        files = {}
+        for key in ("tls_ca_file", "tls_client_cert", "tls_client_key"):
+            value = str(getattr(security, key, "") or "")
+            if "-----BEGIN" in value:  # PEM text held in memory: a file of it, here
+                files[key] = os.path.join(self._folder, key + ".pem")
+                fd = os.open(files[key], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(value)
+            elif value:
+                files[key] = value
         path = os.path.join(self._folder, "cluster.json")
         with open(path, "w") as f:
-            json.dump({"address": address, "tls": client_files(self._folder)}, f)
+            json.dump({"address": address, "tls": files}, f)
         return ["--scheduler-file", path]
 
     def _wait_target(self, timeout: float) -> str:

@@ -38,7 +38,7 @@ def unimplemented(what: str) -> ProxyError:
     return ProxyError(
         UNIMPLEMENTED,
         f"{what} is not implemented by the pathways_nb IFRT proxy; the JAX operations it "
-        "serves are listed in its documentation (docs/how-to/plain-jax.md)",
+        "serves are listed in the README, under 'Plain JAX, unchanged'",
     )
 
 
