@@ -259,6 +259,23 @@ class ProgramCalls:
             done = copies.get(key)
             if done is not None and not done._deleted and done._epoch == vs.epoch:
                 return done  # a copy made before vs was remapped went with its host
+        out = self._transfer(x, vs, spec, tuple(x.shape), {})
+        if cached:
+            if copies is None:
+                copies = x._copies = {}
+            copies[key] = out
+        return out
+
+    def _transfer(
+        self,
+        x: RemoteArray,
+        vs: VirtualSlice,
+        spec: PartitionSpec,
+        shape: tuple[int, ...],
+        extra: dict[str, Any],
+    ) -> RemoteArray:
+        """Send the transfer of ``x`` onto ``vs`` (its header's fields beyond the
+        usual in ``extra``); the copy it makes, of ``shape``."""
         self._backpressure()
         lid = self._ids.next()
         dst = self._ids.next()
@@ -272,18 +289,14 @@ class ProgramCalls:
                     "src": x.handle,
                     "dst": dst,
                     "slice": vs.id,
-                    "shape": list(x.shape),
+                    "shape": list(shape),
                     "dtype": str(x.dtype),
                     "spec": encode_spec(spec),
                 }
+                | extra
             )
             sharding = NamedSharding(vs.abstract_mesh, spec)
-            out = RemoteArray(self._as_client(), dst, x.shape, x.dtype, sharding, vs, lid)
-            if cached:
-                if copies is None:
-                    copies = x._copies = {}
-                copies[key] = out
-        return out
+            return RemoteArray(self._as_client(), dst, shape, x.dtype, sharding, vs, lid)
 
     def _move_hlo(
         self,
@@ -302,28 +315,10 @@ class ProgramCalls:
         shape = tuple(x.shape) if shard is None else tuple(shard[1])
         self._check_movable(x)
         vs._ready_for_work()
-        self._backpressure()
-        lid = self._ids.next()
-        dst = self._ids.next()
-        with interrupts_deferred():  # pending, sent and made, or none of them
-            self._pending[lid] = [dst]
-            self._deletions_first(vs)
-            self._io.send_batched(
-                {
-                    "t": "transfer",
-                    "lid": lid,
-                    "src": x.handle,
-                    "dst": dst,
-                    "slice": vs.id,
-                    "shape": list(shape),
-                    "dtype": str(x.dtype),
-                    "spec": encode_spec(PartitionSpec()),
-                    "hlo_sharding": {"op": op_sharding, "positions": list(positions)},
-                }
-                | ({} if shard is None else {"shard": shard[0]})
-            )
-            sharding = NamedSharding(vs.abstract_mesh, PartitionSpec())
-            return RemoteArray(self._as_client(), dst, shape, x.dtype, sharding, vs, lid)
+        extra: dict[str, Any] = {"hlo_sharding": {"op": op_sharding, "positions": list(positions)}}
+        if shard is not None:
+            extra["shard"] = shard[0]
+        return self._transfer(x, vs, PartitionSpec(), shape, extra)
 
     def _register(self, prog: Program, vs: VirtualSlice) -> None:
         if prog.pid not in self._programs_sent:
