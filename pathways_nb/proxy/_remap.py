@@ -85,46 +85,57 @@ def _output(s: Session, spec: Any, feed: list[tuple[Entry, int, int]]) -> Entry:
     """One output of a plan, from the (input, shard, slot) triples that fill it."""
     shape, dtype = shape_of(spec.shape), dtype_of(spec.dtype)
     sources = {id(e) for e, _, _ in feed}
-    src = feed[0][0] if feed else None
+    src = feed[0][0] if len(sources) == 1 and feed[0][0].shape == shape else None
     try:
-        layout = layout_of(spec.sharding)
+        layout: Layout | None = layout_of(spec.sharding)
     except LayoutError:
         # A sharded ConcreteEvenSharding, as JAX names a reorder's outputs: its layout
         # is the input's, its shards in the slots the plan puts them in.
-        if src is None or len(sources) > 1 or src.shape != shape:
+        if src is None:
             raise
-        layout = _reordered(src, spec, feed)
-    if src is not None and len(sources) == 1 and src.shape == shape:
-        slots = {k: j for _, k, j in feed}
-        whole = sorted(slots) == list(range(len(src.layout.devices)))
-        if whole and layout.op == permuted(src.layout.op, [slots[k] for k in sorted(slots)]):
-            return s.backend.relayout(src, layout)
+        layout = None
+    if layout is None:
+        c = message("xla.ifrt.ConcreteEvenShardingProto").FromString(
+            spec.sharding.serialized_sharding.data
+        )
+        devices = tuple(int(d) for d in c.devices.device_ids)
+        kind = c.memory_kind if c.HasField("memory_kind") else "device"
+    else:
+        devices, kind = layout.devices, layout.memory_kind
+    reorder = _reorder(src, feed, len(devices)) if src is not None else None
+    if layout is None:
+        if src is None or reorder is None:
+            raise ProxyError(
+                _status.UNIMPLEMENTED,
+                f"a remap into a sharded ConcreteEvenSharding over {len(devices)} devices "
+                "that is not a reordering of one input's shards; the pathways_nb proxy "
+                "remaps those, and outputs named by an HloSharding",
+            )
+        layout = Layout(devices, reorder, kind)
+    if src is not None and reorder is not None and layout.op == reorder:
+        return s.backend.relayout(src, layout)
     value = np.zeros(shape, dtype)
     rout = s.backend.regions(layout, shape)
-    read: dict[int, np.ndarray] = {}
+    read: dict[int, tuple[np.ndarray, list[tuple[slice, ...]]]] = {}
     for e, k, j in feed:
         if id(e) not in read:
-            read[id(e)] = s.backend.fetch(e)
-        value[rout[j]] = read[id(e)][s.backend.regions(e.layout, e.shape)[k]]
+            read[id(e)] = (s.backend.fetch(e), s.backend.regions(e.layout, e.shape))
+        got, rin = read[id(e)]
+        value[rout[j]] = got[rin[k]]
     return s.backend.put(value, layout)
 
 
-def _reordered(src: Entry, spec: Any, feed: list[tuple[Entry, int, int]]) -> Layout:
-    c = message("xla.ifrt.ConcreteEvenShardingProto").FromString(
-        spec.sharding.serialized_sharding.data
-    )
-    devices = tuple(int(d) for d in c.devices.device_ids)
+def _reorder(src: Entry, feed: list[tuple[Entry, int, int]], slots_out: int) -> bytes | None:
+    """The layout of ``src``'s shards put one to a slot, all of them, into an output of
+    ``slots_out`` devices (its tiling with the devices permuted); None for a plan that
+    does otherwise."""
     slots = {k: j for _, k, j in feed}
     n = len(src.layout.devices)
-    if sorted(slots) != list(range(n)) or sorted(slots.values()) != list(range(len(devices))):
-        raise ProxyError(
-            _status.UNIMPLEMENTED,
-            f"a remap into a sharded ConcreteEvenSharding over {len(devices)} devices that "
-            f"is not a reordering of its input's {n} shards; the pathways_nb proxy remaps "
-            "those, and outputs named by an HloSharding",
-        )
-    kind = c.memory_kind if c.HasField("memory_kind") else "device"
-    return Layout(devices, permuted(src.layout.op, [slots[k] for k in range(n)]), kind)
+    if len(feed) != n or sorted(slots) != list(range(n)):
+        return None
+    if n != slots_out or sorted(slots.values()) != list(range(n)):
+        return None
+    return permuted(src.layout.op, [slots[k] for k in range(n)])
 
 
 register("remap_arrays_request", _remap)

@@ -29,27 +29,34 @@ def sharding(devices: Sequence[jax.Device], data: bytes) -> Any:
     return sharding_impls.GSPMDSharding(tuple(devices), op_sharding(data))
 
 
-def placed_by(mesh: jax.sharding.Mesh, put: dict[str, Any]) -> Any:
-    """The sharding a put's ``hlo_sharding`` field names, as plain JAX asked through the
-    IFRT proxy: ``{"op": OpSharding bytes, "positions": [device positions among the
-    slice's]}``; None for a put without one (laid out by its PartitionSpec)."""
+def hlo_fields(h: Any, n: int, what: str) -> tuple[list[int], bytes]:
+    """The positions and OpSharding bytes of an ``hlo_sharding`` field, ``{"op": bytes,
+    "positions": [device positions among n]}``, checked; ``what`` names its message."""
+    positions = h.get("positions") if isinstance(h, dict) else None
+    op = h.get("op") if isinstance(h, dict) else None
+    if (
+        not isinstance(positions, list)
+        or not positions
+        or not all(type(p) is int and 0 <= p < n for p in positions)
+        or not isinstance(op, bytes)
+    ):
+        raise RemoteError(
+            f"{what} hlo_sharding names OpSharding bytes and device positions among the "
+            f"{n} devices it goes to; got {h!r}",
+            kind="invalid",
+        )
+    return positions, op
+
+
+def placed_by(mesh: jax.sharding.Mesh, put: dict[str, Any], what: str = "a put's") -> Any:
+    """The sharding a message's ``hlo_sharding`` field names, as plain JAX asked through
+    the IFRT proxy: ``{"op": OpSharding bytes, "positions": [device positions among the
+    mesh's]}``; None for one without it (laid out by its PartitionSpec)."""
     h = put.get("hlo_sharding")
     if not isinstance(h, dict):
         return None
     flat = list(mesh.devices.flat)
-    positions = h.get("positions")
-    op = h.get("op")
-    if (
-        not isinstance(positions, list)
-        or not positions
-        or not all(type(p) is int and 0 <= p < len(flat) for p in positions)
-        or not isinstance(op, bytes)
-    ):
-        raise RemoteError(
-            f"a put's hlo_sharding names OpSharding bytes and device positions among the "
-            f"slice's {len(flat)}; got {h!r}",
-            kind="invalid",
-        )
+    positions, op = hlo_fields(h, len(flat), what)
     return sharding([flat[p] for p in positions], op)
 
 

@@ -47,8 +47,9 @@ from pathways_nb.wire import (
     send_buffer,
 )
 from pathways_nb.worker._errors import to_remote
+from pathways_nb.worker._hlo import hlo_fields
 from pathways_nb.worker._hlo import sharding as hlo_sharding
-from pathways_nb.worker._hostcopy import Index, from_regions, host_shards
+from pathways_nb.worker._hostcopy import Index, from_regions, host_shards, normalize
 from pathways_nb.worker._store import Entry, ObjectStore
 from pathways_nb.worker._threads import as_host
 
@@ -128,35 +129,14 @@ def hlo_pieces(
     from jax._src import op_shardings
     from jax._src.lib import xla_client as xc
 
-    positions, op = _hlo_fields(hlo, len(devices))
+    positions, op = hlo_fields(hlo, len(devices), "a transfer's")
     indices = op_shardings.op_sharding_to_indices(
         xc.HloSharding.from_proto(op_sharding(op)), tuple(shape), len(positions)
     )
     regions: dict[Index, list[int]] = {}
     for p, index in zip(positions, indices, strict=True):
-        region = tuple(
-            (0 if i.start is None else int(i.start), int(n) if i.stop is None else int(i.stop))
-            for i, n in zip(index, shape, strict=True)
-        )
-        regions.setdefault(region, []).append(int(devices[p]))
+        regions.setdefault(normalize(index, tuple(shape)), []).append(int(devices[p]))
     return list(regions.items())
-
-
-def _hlo_fields(hlo: Any, n: int) -> tuple[list[int], bytes]:
-    positions = hlo.get("positions") if isinstance(hlo, dict) else None
-    op = hlo.get("op") if isinstance(hlo, dict) else None
-    if (
-        not isinstance(positions, list)
-        or not positions
-        or not all(type(p) is int and 0 <= p < n for p in positions)
-        or not isinstance(op, bytes)
-    ):
-        raise RemoteError(
-            f"a transfer's hlo_sharding names OpSharding bytes and device positions among "
-            f"the destination's {n} devices; got {hlo!r}",
-            kind="invalid",
-        )
-    return positions, op
 
 
 def _shard(value: Any, position: Any) -> Any:
@@ -567,7 +547,7 @@ class Assembler:
         if sharding is None:
             mesh = self._make_mesh(h["devices"], h["mesh"])
             if hlo is not None:
-                positions, op = _hlo_fields(hlo, mesh.devices.size)
+                positions, op = hlo_fields(hlo, mesh.devices.size, "a transfer's")
                 flat = list(mesh.devices.flat)
                 sharding = hlo_sharding([flat[p] for p in positions], op)
             else:
